@@ -1,0 +1,3 @@
+from neurontrain.cli import main
+
+raise SystemExit(main())

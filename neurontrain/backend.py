@@ -1,0 +1,206 @@
+"""Which runtime we are on (Neuron, XLA:CPU, XLA:CUDA, or eager PyTorch) and what it can do.
+
+Nothing is imported or initialised at import time: `select_backend()` does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from neurontrain.errors import UsageError
+
+BACKENDS = ("neuron", "xla-cpu", "xla-cuda", "eager")
+
+
+def neuron_devices() -> list[str]:
+    return sorted(glob.glob("/dev/neuron[0-9]*"))
+
+
+def neuron_available() -> bool:
+    return importlib.util.find_spec("torch_neuronx") is not None and bool(neuron_devices())
+
+
+def resolve_backend_name(requested: str) -> str:
+    """`auto` -> neuron when torch-neuronx and /dev/neuron* exist, xla-cuda when PJRT_DEVICE asks for it,
+    else xla-cpu."""
+    if requested != "auto":
+        if requested not in BACKENDS:
+            raise UsageError(f"unknown backend {requested!r} (choose from auto, {', '.join(BACKENDS)})")
+        return requested
+    if neuron_available():
+        return "neuron"
+    if os.environ.get("PJRT_DEVICE", "").upper() in ("CUDA", "GPU"):
+        return "xla-cuda"
+    return "xla-cpu"
+
+
+@dataclass
+class Backend:
+    name: str
+    collectives: str
+    reloads_executables: bool
+    compiler_flags: list[str] = field(default_factory=list)
+    _device: Any = None
+    _closures: list = field(default_factory=list)
+
+    @property
+    def is_xla(self) -> bool:
+        return self.name != "eager"
+
+    @property
+    def device(self) -> Any:
+        if self._device is None:
+            import torch
+
+            if self.is_xla:
+                import torch_xla
+
+                self._device = torch_xla.device()
+            else:
+                self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return self._device
+
+    def sync(self) -> None:
+        """Cut the graph and launch it (XLA); on eager, run the step closures queued since the last sync."""
+        if self.is_xla:
+            import torch_xla
+
+            torch_xla.sync()
+        else:
+            closures, self._closures = self._closures, []
+            for fn, args in closures:
+                fn(*args)
+
+    def add_step_closure(self, fn: Callable, args: tuple = ()) -> None:
+        """Run fn(*args) after the next sync, when its tensors hold values: no host sync inside the step."""
+        if self.is_xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.add_step_closure(fn, args=args)
+        else:
+            self._closures.append((fn, args))
+
+    def wrap_loader(self, batches: Iterable, loader: str) -> Iterable:
+        if self.is_xla and loader == "mp_device_loader":
+            import torch_xla.distributed.parallel_loader as pl
+
+            return pl.MpDeviceLoader(batches, self.device)
+        return _MovingLoader(batches, self.device)
+
+    def compile_count(self) -> int:
+        if not self.is_xla:
+            return 0
+        import torch_xla.debug.metrics as met
+
+        data = met.metric_data("CompileTime")
+        return int(data[0]) if data else 0
+
+    def execute_count(self) -> int:
+        if not self.is_xla:
+            return 0
+        import torch_xla.debug.metrics as met
+
+        return int(met.counter_value("ExecuteComputation") or 0)
+
+    def autocast(self, precision: str) -> contextlib.AbstractContextManager:
+        if precision != "bf16":
+            return contextlib.nullcontext()
+        import torch
+
+        device_type = "xla" if self.is_xla else self.device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+
+    def save(self, obj: Any, path: str) -> None:
+        """Save with xm.save semantics on XLA (tensors moved to CPU, master only)."""
+        if self.is_xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.save(obj, path, master_only=True, global_master=True)
+        else:
+            import torch
+
+            torch.save(obj, path)
+
+    def rng_state(self) -> Any:
+        if self.is_xla:
+            import torch_xla.core.xla_model as xm
+
+            return int(xm.get_rng_state())
+        import torch
+
+        return torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def set_rng_state(self, state: Any) -> None:
+        if state is None:
+            return
+        if self.is_xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(int(state))
+        else:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state)
+
+    def describe(self) -> dict:
+        return {
+            "backend": self.name,
+            "device": str(self.device),
+            "collectives": self.collectives,
+            "reloads_compiled_executables": self.reloads_executables,
+            "compiler_flags": self.compiler_flags,
+            "pjrt_device": os.environ.get("PJRT_DEVICE"),
+            "neuron_devices": neuron_devices(),
+        }
+
+
+class _MovingLoader:
+    """Moves each batch's tensors to the device; non-tensor values pass through."""
+
+    def __init__(self, batches: Iterable, device: Any) -> None:
+        self.batches, self.device = batches, device
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+
+def select_backend(requested: str = "auto", compiler_flags: list[str] | None = None) -> Backend:
+    name = resolve_backend_name(requested)
+    flags = list(compiler_flags or [])
+    if name == "neuron":
+        if not neuron_available():
+            raise UsageError("backend neuron needs torch-neuronx installed and /dev/neuron* devices")
+        if flags:
+            os.environ["NEURON_CC_FLAGS"] = " ".join(flags)
+        return Backend(name, "xla", True, flags)
+    if name in ("xla-cpu", "xla-cuda"):
+        if importlib.util.find_spec("torch_xla") is None:
+            raise UsageError(f"backend {name} needs torch-xla (pip install torch-xla==2.9.0)")
+        os.environ["PJRT_DEVICE"] = "CPU" if name == "xla-cpu" else "CUDA"
+        if flags:
+            os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+        # XLA:CPU writes serialized executables but cannot load them back (measured): compiles repeat per run.
+        return Backend(name, "gloo" if name == "xla-cpu" else "xla", name == "xla-cuda", flags)
+    import torch
+
+    return Backend("eager", "nccl" if torch.cuda.is_available() else "gloo", False, flags)
+
+
+def package_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("torch", "torch-xla", "transformers", "tokenizers", "safetensors", "datasets", "pydantic",
+                "torch-neuronx", "neuronx-cc", "libneuronxla", "tensorboard", "boto3"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out

@@ -1,0 +1,147 @@
+"""Sequence-length buckets: assignment, and `buckets: auto` chosen with a compile-vs-padding cost model.
+
+Pure logic: no torch, no torch-xla.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def round_up(value: int, multiple: int) -> int:
+    return ((value + multiple - 1) // multiple) * multiple
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket that holds `length`; buckets are ascending. Raises ValueError if none does."""
+    i = bisect.bisect_left(buckets, length)
+    if i == len(buckets):
+        raise ValueError(f"length {length} exceeds the largest bucket {buckets[-1]}")
+    return buckets[i]
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Seconds for one step of `batch_size` sequences of length L, and seconds per compiled graph.
+
+    step(L) = overhead + batch_size * L * (flops_per_token + attention_flops_per_token_per_position * L) / flops_per_second
+    """
+
+    compile_seconds: float
+    flops_per_second: float
+    step_overhead_seconds: float
+    flops_per_token: float
+    attention_flops_per_token_per_position: float
+    batch_size: int
+
+    def step_seconds(self, length: int) -> float:
+        flops = self.batch_size * length * (self.flops_per_token + self.attention_flops_per_token_per_position * length)
+        return self.step_overhead_seconds + flops / self.flops_per_second
+
+
+def training_flops_per_token(n_params: int, n_layers: int, hidden: int) -> tuple[float, float]:
+    """(dense FLOPs per token, attention FLOPs per token per position) for forward+backward."""
+    return 6.0 * n_params, 12.0 * n_layers * hidden
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    buckets: list[int]
+    estimated_seconds: float
+    estimated_compile_seconds: float
+    estimated_step_seconds: float
+    padding_fraction: float
+
+
+def _candidates(lengths: Sequence[int], multiple: int, max_length: int, limit: int = 160) -> list[int]:
+    rounded = sorted({min(round_up(n, multiple), max_length) for n in lengths} | {round_up(max(lengths), multiple)})
+    rounded = [min(c, max_length) for c in rounded]
+    rounded = sorted(set(rounded))
+    if len(rounded) <= limit:
+        return rounded
+    # Too many distinct lengths: keep quantiles of the length distribution, and the maximum.
+    ordered = sorted(min(round_up(n, multiple), max_length) for n in lengths)
+    picks = {ordered[min(len(ordered) - 1, int(len(ordered) * q / limit))] for q in range(1, limit + 1)}
+    return sorted(picks | {rounded[-1]})
+
+
+def padding_fraction(lengths: Sequence[int], buckets: Sequence[int]) -> float:
+    real = sum(lengths)
+    padded = sum(bucket_for(n, buckets) for n in lengths)
+    return 1.0 - real / padded if padded else 0.0
+
+
+def choose_buckets(
+    lengths: Sequence[int],
+    *,
+    planned_batches: int,
+    graphs_per_bucket: int,
+    cost: StepCostModel,
+    max_buckets: int,
+    multiple: int,
+    max_length: int,
+) -> BucketChoice:
+    """Boundaries minimising  n_buckets * graphs_per_bucket * compile_seconds + sum over planned batches of step time.
+
+    Each planned batch is drawn from bucket b with probability (samples in b) / (all samples); samples are
+    assigned to the smallest bucket that holds them. Exact dynamic programme over candidate boundaries.
+    """
+    if not lengths:
+        raise ValueError("no samples to choose buckets from")
+    cands = _candidates(lengths, multiple, max_length)
+    counts = Counter(min(round_up(n, multiple), max_length) for n in lengths)
+    # cum[j] = number of samples whose rounded length <= cands[j]
+    cum, running = [], 0
+    sorted_counts = sorted(counts.items())
+    k = 0
+    for c in cands:
+        while k < len(sorted_counts) and sorted_counts[k][0] <= c:
+            running += sorted_counts[k][1]
+            k += 1
+        cum.append(running)
+    total = len(lengths)
+    per_graph = graphs_per_bucket * cost.compile_seconds
+    step_cost = [cost.step_seconds(c) for c in cands]
+
+    def segment(i: int, j: int) -> float:
+        """Cost of one bucket with upper bound cands[j] holding samples above cands[i] (i = -1: from 0)."""
+        n = cum[j] - (cum[i] if i >= 0 else 0)
+        if n == 0:
+            return math.inf
+        return per_graph + planned_batches * (n / total) * step_cost[j]
+
+    m = len(cands)
+    inf = math.inf
+    # best[b][j]: min cost covering all samples <= cands[j] with b buckets, the last ending at cands[j]
+    best = [[inf] * m for _ in range(max_buckets + 1)]
+    back = [[-2] * m for _ in range(max_buckets + 1)]
+    for j in range(m):
+        best[1][j] = segment(-1, j)
+        back[1][j] = -1
+    for b in range(2, max_buckets + 1):
+        for j in range(m):
+            for i in range(j):
+                if best[b - 1][i] == inf:
+                    continue
+                value = best[b - 1][i] + segment(i, j)
+                if value < best[b][j]:
+                    best[b][j], back[b][j] = value, i
+    last = m - 1
+    n_best = min(range(1, max_buckets + 1), key=lambda b: (best[b][last], b))
+    chosen, j, b = [], last, n_best
+    while j >= 0 and b >= 1:
+        chosen.append(cands[j])
+        j, b = back[b][j], b - 1
+    chosen.reverse()
+    compile_s = len(chosen) * per_graph
+    return BucketChoice(
+        buckets=chosen,
+        estimated_seconds=best[n_best][last],
+        estimated_compile_seconds=compile_s,
+        estimated_step_seconds=best[n_best][last] - compile_s,
+        padding_fraction=padding_fraction([min(n, max_length) for n in lengths], chosen),
+    )

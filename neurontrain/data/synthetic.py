@@ -1,0 +1,73 @@
+"""Deterministic generated corpora for the CI-sized recipes (no downloads): learnable, with realistic
+(lognormal) length distributions so that bucketing matters."""
+
+from __future__ import annotations
+
+import math
+import random
+
+_POSITIVE = (
+    "great excellent love wonderful perfect amazing superb fantastic delightful brilliant sturdy reliable "
+    "recommend happy pleased beautiful comfortable durable impressive flawless charming elegant fun"
+).split()
+_NEGATIVE = (
+    "terrible awful hate broken useless poor disappointing horrible worst cheap flimsy faulty refund "
+    "returned waste annoying defective ugly painful boring mediocre leaking noisy late"
+).split()
+_NEUTRAL = (
+    "the a an it this that product item book movie phone case battery screen box price color size "
+    "shipping order package day week month year time use used using after before with without for "
+    "and but or so very quite really just also still then when while because although my our your "
+    "their i we you they he she was is are were be been have has had do did does arrived came works "
+    "work looks look feels feel sound sounds read reading watch watched bought buy gift kids family "
+    "home kitchen office car travel daily first second last new old small large light heavy"
+).split()
+_NOUNS = "cat dog bird farmer teacher child river mountain city garden ship train letter song storm".split()
+_ADJS = "old young quiet loud small large bright dark happy tired clever gentle swift patient".split()
+_VERBS = "sees finds follows carries paints watches builds visits remembers greets crosses hears".split()
+_PLACES = "near the river|in the city|by the mountain|under the bridge|across the field|behind the house".split("|")
+
+
+def _length(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
+    return max(low, min(high, int(round(math.exp(rng.gauss(math.log(median), sigma))))))
+
+
+def sentiment_reviews(n: int, seed: int, median_words: float = 28.0, sigma: float = 0.7) -> list[dict]:
+    """Amazon-Polarity-shaped records: {'content': str, 'label': 0|1}. The label is carried by sentiment words."""
+    rng = random.Random(f"sentiment:{seed}")
+    records = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = []
+        for _ in range(_length(rng, median_words, sigma, 4, 600)):
+            r = rng.random()
+            if r < 0.25:
+                words.append(rng.choice(_POSITIVE if label else _NEGATIVE))
+            elif r < 0.29:
+                words.append(rng.choice(_NEGATIVE if label else _POSITIVE))
+            else:
+                words.append(rng.choice(_NEUTRAL))
+        records.append({"content": " ".join(words), "label": label})
+    return records
+
+
+def _sentence(rng: random.Random) -> str:
+    subject = f"the {rng.choice(_ADJS)} {rng.choice(_NOUNS)}"
+    obj = f"the {rng.choice(_ADJS)} {rng.choice(_NOUNS)}"
+    tail = f" {rng.choice(_PLACES)}" if rng.random() < 0.5 else ""
+    return f"{subject} {rng.choice(_VERBS)} {obj}{tail} ."
+
+
+def story_text(n: int, seed: int, median_words: float = 40.0, sigma: float = 0.6) -> list[dict]:
+    """Short documents of templated sentences for causal-LM recipes: {'text': str}."""
+    rng = random.Random(f"text:{seed}")
+    records = []
+    for _ in range(n):
+        target = _length(rng, median_words, sigma, 6, 800)
+        sentences, words = [], 0
+        while words < target:
+            s = _sentence(rng)
+            sentences.append(s)
+            words += len(s.split())
+        records.append({"text": " ".join(sentences)})
+    return records

@@ -1,0 +1,69 @@
+"""Recompilation guard: every compile is attributed to the step that caused it and checked against the plan."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from neurontrain.errors import RecompilationError
+
+
+class RecompilationGuard:
+    """After each sync, compare the compile and execution counters with the step's graph key.
+
+    A compile is expected the first time a key from the plan runs. A compile for a key that already
+    compiled, or for a key the plan does not list, is an unexpected graph: reported with the shapes that
+    caused it, and fatal when mode is "fail". More than one graph execution in one step means a hidden host
+    sync (for example `.item()` or data-dependent Python control flow inside the model).
+    """
+
+    def __init__(self, expected: list[tuple], mode: str, compile_count: Callable[[], int],
+                 execute_count: Callable[[], int], report: Callable[[str], None] | None = None) -> None:
+        self.expected = set(expected)
+        self.mode = mode
+        self._compiles = compile_count
+        self._executes = execute_count
+        self._report = report or (lambda msg: print(msg, file=sys.stderr))
+        self._last_compiles = compile_count()
+        self._executes_at_start = execute_count()
+        self._syncs = 0
+        self.compiled: dict[tuple, int] = {}
+        self.unexpected: list[dict] = []
+        self.hidden_syncs: list[dict] = []
+        self._synced_keys_reported: set[tuple] = set()
+        self._extra_reported = 0
+
+    def after_sync(self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1) -> None:
+        compiles = self._compiles()
+        new_compiles = compiles - self._last_compiles
+        self._last_compiles = compiles
+        self._syncs += syncs
+        # Executions run asynchronously and are counted when they run, so compare running totals: more
+        # executions than syncs so far can only come from syncs that the loop did not make.
+        extra_executions = self._executes() - self._executes_at_start - self._syncs
+        if new_compiles > 0:
+            first_time = key not in self.compiled
+            self.compiled[key] = self.compiled.get(key, 0) + new_compiles
+            if self.mode != "off" and (not first_time or key not in self.expected or new_compiles > syncs):
+                event = {"step": step, "kind": key[0], "key": list(key), "shapes": shapes or {},
+                         "new_compiles": new_compiles,
+                         "reason": "not in the plan" if key not in self.expected else
+                         ("recompiled a graph already compiled" if not first_time else "more graphs than syncs")}
+                self.unexpected.append(event)
+                message = (f"neurontrain: unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
+                           f"{event['reason']}, {new_compiles} compile(s)")
+                if self.mode == "fail":
+                    raise RecompilationError(message + " (train.recompile_guard: fail)")
+                self._report(message)
+        if extra_executions > self._extra_reported and self.mode != "off":
+            self.hidden_syncs.append({"step": step, "kind": key[0], "extra_executions": extra_executions})
+            if key not in self._synced_keys_reported:
+                self._report(f"neurontrain: {extra_executions - self._extra_reported} graph execution(s) beyond the "
+                             f"loop's syncs by step {step} ({key[0]}): a host sync inside the step "
+                             "(.item(), print(tensor), data-dependent Python control flow)")
+            self._synced_keys_reported.add(key)
+            self._extra_reported = extra_executions
+
+    @property
+    def distinct_graphs(self) -> int:
+        return sum(self.compiled.values())

@@ -1,0 +1,179 @@
+"""The run plan: buckets, batch plan and the graphs a run will compile, known before any step runs.
+
+`run`, `run --dry-run` and `precompile` all go through `make_plan`, so the graphs a plan lists are by
+construction the graphs the loop executes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
+from neurontrain.data.plan import BatchPlanner, PlannedBatch, fixed_batches
+from neurontrain.data.sources import PreparedData, prepare_data
+from neurontrain.loop.model import ModelDims, build_config, model_dims
+from neurontrain.recipe import Recipe
+
+# Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step).
+# XLA:CPU figures were measured here with the tiny recipes; Neuron and CUDA figures are planning estimates
+# (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
+COST_DEFAULTS = {
+    "xla-cpu": (3.0, 1.5e10, 0.02),
+    "xla-cuda": (20.0, 5e13, 0.005),
+    "neuron": (300.0, 4e13, 0.01),
+}
+
+
+@dataclass
+class RunPlan:
+    recipe: Recipe
+    backend: str
+    data: PreparedData
+    config: Any
+    dims: ModelDims
+    buckets: list[int] | None  # None: dynamic padding
+    bucket_mode: str
+    planner: BatchPlanner
+    eval_batches: list[PlannedBatch]
+    train_lengths_used: list[int]
+    auto_estimate: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_kinds(self) -> list[str]:
+        kinds = ["train"] if self.recipe.train.grad_accum == 1 else ["train-micro", "optimizer"]
+        return kinds + (["eval"] if self.eval_batches else [])
+
+    def expected_graphs(self) -> list[tuple]:
+        """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) under accumulation."""
+        keys: list[tuple] = [("setup",)]
+        train_kind = "train" if self.recipe.train.grad_accum == 1 else "train-micro"
+        keys += [(train_kind, n) for n in sorted(set(self.train_lengths_used))]
+        if self.recipe.train.grad_accum > 1:
+            keys.append(("optimizer",))
+        keys += [("eval", n) for n in sorted({b.length for b in self.eval_batches})]
+        return keys
+
+    def padding_fraction(self) -> float:
+        """Padded share of the token slots of the planned training batches."""
+        total = real = 0
+        batch_size = self.recipe.data.batch_size
+        lengths = self.planner.lengths
+        steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
+        for i, batch in enumerate(self.planner.iterate(0)):
+            if i == steps:
+                break
+            total += batch.length * batch_size
+            real += sum(min(lengths[j], batch.length) for j in batch.indices)
+        return 1.0 - real / total if total else 0.0
+
+    def describe(self) -> dict:
+        r = self.recipe
+        lengths = self.data.train_lengths
+        world = 1
+        return {
+            "recipe": r.name,
+            "task": r.task,
+            "backend": self.backend,
+            "model": {"type": self.dims.model_type, "parameters": self.dims.n_params,
+                      "layers": self.dims.n_layers, "hidden": self.dims.hidden,
+                      "source": r.model.pretrained or "config"},
+            "data": {"source": r.data.source, "train_samples": len(lengths), "eval_samples": len(self.data.eval_ids),
+                     "tokens_min": min(lengths), "tokens_median": statistics.median(lengths),
+                     "tokens_max": max(lengths), "truncated": self.data.truncated},
+            "buckets": {"mode": self.bucket_mode, "lengths": self.buckets, "used": sorted(set(self.train_lengths_used)),
+                        "estimate": self.auto_estimate},
+            "batches_per_epoch": self.planner.batches_per_epoch(),
+            "steps": r.train.max_steps,
+            "world_size": world,
+            "effective_batch": r.data.batch_size * r.train.grad_accum * world,
+            "expected_graphs": [list(k) for k in self.expected_graphs()],
+            "padding_fraction": round(self.padding_fraction(), 4),
+            "compile_cache": r.runtime.compile_cache,
+            "notes": self.notes,
+        }
+
+
+def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
+    spec = recipe.data.auto_buckets
+    # eager is the reference run for an XLA run: it must plan the same buckets, so it uses XLA:CPU's figures
+    compile_s, flops, overhead = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
+    dense, attention = training_flops_per_token(dims.n_params, dims.n_layers, dims.hidden)
+    return StepCostModel(
+        compile_seconds=spec.compile_seconds if spec.compile_seconds is not None else compile_s,
+        flops_per_second=spec.flops_per_second if spec.flops_per_second is not None else flops,
+        step_overhead_seconds=spec.step_overhead_seconds if spec.step_overhead_seconds is not None else overhead,
+        flops_per_token=dense,
+        attention_flops_per_token_per_position=attention,
+        batch_size=recipe.data.batch_size,
+    )
+
+
+def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
+    return bool(data.eval_ids) and (recipe.train.eval_every > 0 or recipe.train.eval_at_end)
+
+
+def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None) -> RunPlan:
+    data = data or prepare_data(recipe)
+    config = build_config(recipe, data.tokenizer)
+    dims = model_dims(recipe, config)
+    spec = recipe.data
+    steps = recipe.train.max_steps * recipe.train.grad_accum
+    all_lengths = data.train_lengths + data.eval_lengths
+    longest = max(all_lengths)
+    notes: list[str] = []
+    estimate = None
+    if spec.buckets == "dynamic":
+        buckets, mode = None, "dynamic"
+        notes.append("dynamic padding: one graph per distinct batch length (recompilation storm on XLA)")
+    elif spec.buckets == "max":
+        buckets, mode = [spec.max_length], "max"
+    elif spec.buckets == "auto":
+        kinds = 1 + (1 if _has_eval(recipe, data) else 0)
+        choice = choose_buckets(
+            data.train_lengths, planned_batches=steps, graphs_per_bucket=kinds,
+            cost=_cost_model(recipe, backend, dims), max_buckets=spec.auto_buckets.max_buckets,
+            multiple=spec.pad_to_multiple_of, max_length=spec.max_length,
+        )
+        buckets, mode = list(choice.buckets), "auto"
+        if buckets[-1] < longest:
+            buckets.append(min(round_up(longest, spec.pad_to_multiple_of), spec.max_length))
+        estimate = {"seconds": round(choice.estimated_seconds, 2),
+                    "compile_seconds": round(choice.estimated_compile_seconds, 2),
+                    "step_seconds": round(choice.estimated_step_seconds, 2),
+                    "padding_fraction": round(choice.padding_fraction, 4)}
+    else:
+        buckets, mode = list(spec.buckets), "fixed"
+        if longest > buckets[-1]:
+            # samples were cut to data.max_length; the largest bucket may be smaller than that
+            _truncate_to(data, buckets[-1], spec.overlong)
+    planner = BatchPlanner(
+        lengths=tuple(data.train_lengths), batch_size=spec.batch_size,
+        buckets=tuple(buckets) if buckets else None, shuffle=spec.shuffle, seed=spec.seed,
+        drop_last=spec.last_batch == "drop", multiple=1 if mode == "dynamic" else spec.pad_to_multiple_of,
+    )
+    try:
+        used = planner.used_lengths(steps)
+    except ValueError as exc:
+        from neurontrain.errors import UsageError
+
+        raise UsageError(str(exc)) from None
+    eval_batches = (
+        fixed_batches(data.eval_lengths, spec.eval_batch_size or spec.batch_size, buckets)
+        if _has_eval(recipe, data) else []
+    )
+    return RunPlan(recipe, backend, data, config, dims, buckets, mode, planner, eval_batches, used, estimate, notes)
+
+
+def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:
+    from neurontrain.errors import UsageError
+
+    for split, rows in (("train", data.train_ids), ("eval", data.eval_ids)):
+        for i, ids in enumerate(rows):
+            if len(ids) > limit:
+                if overlong == "fail":
+                    raise UsageError(f"{split} sample {i} has {len(ids)} tokens, more than the largest bucket {limit}")
+                rows[i] = ids[:limit]
+                data.truncated += 1

@@ -1,0 +1,238 @@
+"""The training loop: one graph per step kind and bucket, values read in step closures, resumable."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neurontrain.backend import Backend
+from neurontrain.checkpoint import training as ckpt
+from neurontrain.data.collate import Collator
+from neurontrain.errors import UsageError
+from neurontrain.loop.guard import RecompilationGuard
+from neurontrain.loop.metrics import MetricsWriter, write_summary
+from neurontrain.loop.model import (build_model, build_optimizer, build_scheduler, eval_statistics,
+                                    materialize_optimizer_state, model_inputs)
+from neurontrain.loop.planning import RunPlan
+
+
+@dataclass
+class _Interval:
+    """Host-side counters between two logged steps."""
+
+    start: float = field(default_factory=time.perf_counter)
+    real_tokens: int = 0
+    slot_tokens: int = 0
+
+
+def _is_master() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _progress(total: int, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                disable=None if _is_master() else True, file=sys.stderr)
+
+
+class Trainer:
+    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path) -> None:
+        self.plan, self.backend, self.output_dir = plan, backend, output_dir
+        self.recipe = plan.recipe
+        self.ckpt_root = output_dir / "checkpoints"
+        self.loss_dtype = torch.float32
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _restore(self, model: torch.nn.Module) -> tuple[int, int, dict | None]:
+        """(step, data position, checkpoint state) from the newest complete checkpoint, if resuming."""
+        if not self.recipe.checkpoint.resume:
+            return 0, 0, None
+        ckpt.remove_partial(self.ckpt_root)
+        path = ckpt.latest_checkpoint(self.ckpt_root)
+        if path is None:
+            return 0, 0, None
+        state, meta = ckpt.load_checkpoint(path)
+        if meta.get("fingerprint") != self.recipe.fingerprint():
+            raise UsageError(f"checkpoint {path} was written by a different recipe; use another --output-dir "
+                             "or set checkpoint.resume=false")
+        model.load_state_dict(state["model"])
+        return int(meta["step"]), int(state["data_position"]), state
+
+    # -- steps --------------------------------------------------------------------------------------
+    def _forward(self, model: torch.nn.Module, batch: dict) -> Any:
+        with self.backend.autocast(self.recipe.train.precision):
+            return model(**model_inputs(batch, self.plan.dims, self.loss_dtype))
+
+    def _evaluate(self, model: torch.nn.Module, step: int, guard: RecompilationGuard, collator: Collator) -> dict:
+        totals = torch.zeros(3, dtype=torch.float64)
+
+        def accumulate(stats: torch.Tensor) -> None:
+            totals.add_(stats.detach().cpu().to(torch.float64))
+
+        model.eval()
+        loader = self.backend.wrap_loader((collator(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
+        with torch.no_grad():
+            for batch in loader:
+                batch.pop("real_tokens")
+                labels = batch["labels"]
+                stats = eval_statistics(self._forward(model, batch), labels, self.recipe.task)
+                self.backend.add_step_closure(accumulate, (stats,))
+                self.backend.sync()
+                guard.after_sync(("eval", batch["input_ids"].shape[1]), step, {"input_ids": list(batch["input_ids"].shape)})
+        model.train()
+        loss_sum, counted, correct = totals.tolist()
+        out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
+        if self.recipe.task == "sequence-classification":
+            out["eval_accuracy"] = correct / counted if counted else float("nan")
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        wall_start = time.perf_counter()
+        recipe, backend, plan = self.recipe, self.backend, self.plan
+        train, data = recipe.train, recipe.data
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+
+        model = build_model(recipe, plan.config)
+        device = backend.device  # create the XLA device before any backward pass
+        start_step, position, state = self._restore(model)
+        model.to(device)
+        optimizer = build_optimizer(recipe, model)
+        scheduler = build_scheduler(recipe, optimizer)
+        if state is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"]["torch_cpu"])
+            backend.set_rng_state(state["rng"]["backend"])
+        compiles_at_start = backend.compile_count()
+        guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
+                                   backend.execute_count, report=self._report)
+        materialize_optimizer_state(optimizer)
+        backend.sync()
+        guard.after_sync(("setup",), start_step)
+
+        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None)
+        collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id)
+        eval_collator = Collator(plan.data.eval_ids, plan.data.eval_labels, recipe.task,
+                                 data.eval_batch_size or data.batch_size, plan.data.pad_id)
+        remaining = (train.max_steps - start_step) * train.grad_accum
+        stream = (collator(b) for b in itertools.islice(plan.planner.iterate(position), remaining))
+        loader = iter(backend.wrap_loader(stream, recipe.runtime.loader))
+        params = [p for p in model.parameters() if p.requires_grad]
+        interval = _Interval()
+        totals = {"real": 0, "slots": 0}
+        progress = _progress(train.max_steps, start_step)
+        last_eval: dict = {}
+
+        def log_step(step: int, lr: float, *losses: torch.Tensor) -> None:
+            loss = sum(float(x.item()) for x in losses) / len(losses)
+            now = time.perf_counter()
+            seconds = max(now - interval.start, 1e-9)
+            record = {"step": step, "loss": loss, "lr": lr, "tokens_per_second": interval.real_tokens / seconds,
+                      "compilations": backend.compile_count() - compiles_at_start,
+                      "padding_fraction": 1.0 - interval.real_tokens / max(interval.slot_tokens, 1)}
+            metrics.log(record)
+            progress.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            interval.start, interval.real_tokens, interval.slot_tokens = now, 0, 0
+
+        for step in range(start_step + 1, train.max_steps + 1):
+            micro_losses, length = [], 0
+            for _ in range(train.grad_accum):
+                batch = next(loader)
+                real = batch.pop("real_tokens")
+                length = batch["input_ids"].shape[1]
+                slots = batch["input_ids"].numel()
+                interval.real_tokens += real
+                interval.slot_tokens += slots
+                totals["real"] += real
+                totals["slots"] += slots
+                loss = self._forward(model, batch).loss
+                (loss / train.grad_accum if train.grad_accum > 1 else loss).backward()
+                micro_losses.append(loss.detach())
+                if train.grad_accum > 1:
+                    backend.sync()
+                    guard.after_sync(("train-micro", length), step, {"input_ids": list(batch["input_ids"].shape)})
+            if train.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, train.max_grad_norm)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=False)
+            position += train.grad_accum
+            if step == 1 or step % train.log_every == 0 or step == train.max_steps:
+                backend.add_step_closure(log_step, (step, lr, *micro_losses))
+            backend.sync()
+            key = ("train", length) if train.grad_accum == 1 else ("optimizer",)
+            guard.after_sync(key, step, {"input_ids": [data.batch_size, length]})
+            progress.update(1)
+
+            if plan.eval_batches and ((train.eval_every and step % train.eval_every == 0)
+                                      or (train.eval_at_end and step == train.max_steps)):
+                last_eval = self._evaluate(model, step, guard, eval_collator)
+                metrics.log(last_eval)
+            if recipe.checkpoint.every and step % recipe.checkpoint.every == 0 and step < train.max_steps:
+                self._save(step, position, model, optimizer, scheduler)
+            if step == train.max_steps and recipe.checkpoint.every:
+                self._save(step, position, model, optimizer, scheduler)
+        progress.close()
+        metrics.close()
+        if recipe.checkpoint.save_final and _is_master():
+            self._export(model)
+        train_records = [r for r in metrics.records if "loss" in r]
+        wall = time.perf_counter() - wall_start
+        summary = {
+            "recipe": recipe.name,
+            "backend": backend.name,
+            "steps": train.max_steps,
+            "resumed_from_step": start_step or None,
+            "first_loss": train_records[0]["loss"] if train_records else None,
+            "final_loss": train_records[-1]["loss"] if train_records else None,
+            "compilations": backend.compile_count() - compiles_at_start,
+            "distinct_graphs": guard.distinct_graphs,
+            "expected_graphs": len(plan.expected_graphs()),
+            "unexpected_graphs": len(guard.unexpected),
+            "unexpected": guard.unexpected,
+            "hidden_host_syncs": guard.hidden_syncs,
+            "buckets": plan.buckets,
+            "bucket_mode": plan.bucket_mode,
+            "buckets_used": sorted(set(plan.train_lengths_used)),
+            "tokens_per_second": totals["real"] / wall,
+            "padding_fraction": 1.0 - totals["real"] / max(totals["slots"], 1),
+            "wall_seconds": wall,
+            **{k: v for k, v in last_eval.items() if k != "step"},
+        }
+        write_summary(self.output_dir, summary)
+        return summary
+
+    def _report(self, message: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+
+    def _save(self, step: int, position: int, model, optimizer, scheduler) -> None:
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "data_position": position,
+            "rng": {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()},
+        }
+        meta = {"step": step, "fingerprint": self.recipe.fingerprint(), "recipe": self.recipe.name,
+                "backend": self.backend.name, "data_position": position, "time": time.time()}
+        ckpt.save_checkpoint(self.ckpt_root, step, state, meta, self.recipe.checkpoint.keep, self.backend.save,
+                             _is_master())
+
+    def _export(self, model: torch.nn.Module) -> None:
+        """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
+        target = self.output_dir / "model"
+        cpu_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        model.save_pretrained(str(target), state_dict=cpu_state)
+        self.plan.data.tokenizer.save_pretrained(str(target))

@@ -1,0 +1,237 @@
+"""YAML recipe -> validated, typed config, with `--set a.b=c` overrides and one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from neurontrain.errors import UsageError
+
+Task = Literal["sequence-classification", "causal-lm"]
+BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "eager"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    pretrained: str | None = None
+    config: dict[str, Any] | None = None
+    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    num_labels: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if (self.pretrained is None) == (self.config is None):
+            raise ValueError("give exactly one of model.pretrained (path or hub id) or model.config")
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("model.config needs a model_type (for example bert or llama)")
+        return self
+
+
+class WordLevelSpec(_Strict):
+    vocab_size: int = Field(2000, ge=16)
+    lowercase: bool = True
+
+
+class TokenizerSpec(_Strict):
+    pretrained: str | None = None
+    word_level: WordLevelSpec | None = None
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> "TokenizerSpec":
+        if self.pretrained is not None and self.word_level is not None:
+            raise ValueError("give at most one of tokenizer.pretrained or tokenizer.word_level")
+        return self
+
+
+class AutoBucketSpec(_Strict):
+    max_buckets: int = Field(6, ge=1, le=64)
+    compile_seconds: float | None = Field(None, gt=0)
+    flops_per_second: float | None = Field(None, gt=0)
+    step_overhead_seconds: float | None = Field(None, ge=0)
+
+
+DataSource = Literal["synthetic-sentiment", "synthetic-text", "json", "csv", "parquet", "hub"]
+
+
+class DataSpec(_Strict):
+    source: DataSource
+    path: str | None = None
+    name: str | None = None
+    split: str = "train"
+    eval_split: str | None = None
+    text_field: str = "text"
+    label_field: str | None = "label"
+    train_samples: int | None = Field(None, ge=1)
+    eval_samples: int = Field(0, ge=0)
+    max_length: int = Field(..., ge=8)
+    overlong: Literal["truncate", "fail"] = "truncate"
+    batch_size: int = Field(..., ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
+    buckets: Union[list[int], Literal["auto", "max", "dynamic"]] = "auto"
+    pad_to_multiple_of: int = Field(8, ge=1)
+    auto_buckets: AutoBucketSpec = AutoBucketSpec()
+    last_batch: Literal["drop", "pad"] = "drop"
+    shuffle: bool = True
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSpec":
+        if self.source in ("json", "csv", "parquet", "hub") and not self.path:
+            raise ValueError(f"data.path is required for source {self.source}")
+        if isinstance(self.buckets, list):
+            if not self.buckets:
+                raise ValueError("data.buckets is empty")
+            if any(b < 1 for b in self.buckets):
+                raise ValueError("data.buckets must be positive lengths")
+            if sorted(set(self.buckets)) != list(self.buckets):
+                raise ValueError("data.buckets must be strictly increasing")
+            if self.buckets[-1] > self.max_length:
+                raise ValueError(f"largest bucket {self.buckets[-1]} exceeds data.max_length {self.max_length}")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(..., gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class ScheduleSpec(_Strict):
+    kind: Literal["constant", "linear", "cosine"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class TrainSpec(_Strict):
+    max_steps: int = Field(..., ge=1)
+    grad_accum: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    log_every: int = Field(10, ge=1)
+    eval_every: int = Field(0, ge=0)
+    eval_at_end: bool = True
+    seed: int = 0
+    recompile_guard: Literal["warn", "fail", "off"] = "warn"
+    optimizer: OptimizerSpec
+    schedule: ScheduleSpec = ScheduleSpec()
+
+
+class CheckpointSpec(_Strict):
+    every: int = Field(0, ge=0)
+    keep: int = Field(3, ge=1)
+    resume: bool = True
+    save_final: bool = True
+
+
+class RuntimeSpec(_Strict):
+    backend: BackendName = "auto"
+    loader: Literal["mp_device_loader", "simple"] = "mp_device_loader"
+    compile_cache: str = "compile_cache"
+    compiler_flags: list[str] = []
+
+
+class Recipe(_Strict):
+    name: str
+    task: Task
+    model: ModelSpec
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    data: DataSpec
+    train: TrainSpec
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Recipe":
+        if self.task == "sequence-classification" and not self.data.label_field:
+            raise ValueError("task sequence-classification needs data.label_field")
+        if self.tokenizer.pretrained is None and self.tokenizer.word_level is None and self.model.pretrained is None:
+            raise ValueError("a model built from model.config needs tokenizer.pretrained or tokenizer.word_level")
+        if self.train.schedule.warmup_steps >= self.train.max_steps and self.train.schedule.warmup_steps > 0:
+            raise ValueError("train.schedule.warmup_steps must be smaller than train.max_steps")
+        return self
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes the computation (used to refuse resuming a different run)."""
+        payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"}})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    parts = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item["loc"] if not str(p).startswith("function-after"))
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif item["type"] == "missing":
+            msg = "required key is missing"
+        elif "input" in item and not isinstance(item["input"], (dict, list)):
+            msg = f"{msg} (got {item['input']!r})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def parse_override(expr: str) -> tuple[list[str], Any]:
+    """`a.b.c=VALUE` -> (["a","b","c"], VALUE parsed as YAML)."""
+    key, sep, raw = expr.partition("=")
+    path = key.strip().split(".")
+    if not sep or not key.strip() or any(not p for p in path):
+        raise UsageError(f"bad --set {expr!r}: expected KEY.PATH=VALUE, for example train.max_steps=20")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise UsageError(f"bad --set {expr!r}: the value is not valid YAML") from None
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = copy.deepcopy(raw)
+    for expr in overrides:
+        path, value = parse_override(expr)
+        node = data
+        for depth, key in enumerate(path[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                where = ".".join(path[: depth + 1])
+                raise UsageError(f"bad --set {expr!r}: {where} is not a mapping")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"recipe not found: {path}")
+    if not path.is_file():
+        raise UsageError(f"recipe is not a file: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"recipe {path}: not valid YAML{where}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"recipe {path}: not a text file") from None
+    if raw is None:
+        raise UsageError(f"recipe {path}: empty")
+    if not isinstance(raw, dict):
+        raise UsageError(f"recipe {path}: top level must be a mapping, got {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        raise UsageError(f"recipe {path}: {_format_validation_error(err)}") from None
