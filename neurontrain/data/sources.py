@@ -130,6 +130,8 @@ def _word_level_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
 
 
 def _tokenize(tokenizer: Any, texts: list[str], max_length: int, overlong: str, split: str) -> tuple[list[list[int]], int]:
+    if not texts:
+        return [], 0
     encoded = tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
     truncated = 0
     for i, ids in enumerate(encoded):

@@ -110,14 +110,17 @@ class Trainer:
         if state is not None:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state["rng"]["torch_cpu"])
-            backend.set_rng_state(state["rng"]["backend"])
         compiles_at_start = backend.compile_count()
         guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
                                    backend.execute_count, report=self._report)
         materialize_optimizer_state(optimizer)
         backend.sync()
         guard.after_sync(("setup",), start_step)
+        if state is not None:
+            # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
+            # seed as it was after the step's own sync.
+            torch.set_rng_state(state["rng"]["torch_cpu"])
+            backend.set_rng_state(state["rng"]["backend"])
 
         metrics = MetricsWriter(self.output_dir, start_step if state is not None else None)
         collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id)

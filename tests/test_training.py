@@ -1,0 +1,154 @@
+"""Real training through torch-xla on XLA:CPU, each run in its own process."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import REPO, RECIPES, read_json, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
+def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: str):
+    out = tmp_path / "run"
+    result = run_cli("run", str(RECIPES / f"{recipe}.yaml"), "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    for key in ("backend", "steps", "first_loss", "final_loss", "compilations", "distinct_graphs",
+                "unexpected_graphs", "tokens_per_second", "padding_fraction", "wall_seconds"):
+        assert key in summary, key
+    assert summary["backend"] == "xla-cpu"
+    assert summary["unexpected_graphs"] == 0, summary["unexpected"]
+    assert summary["hidden_host_syncs"] == []
+    step_kinds = 2  # train, eval
+    assert summary["compilations"] <= len(summary["buckets_used"]) * step_kinds + 2
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    for key in ("step", "loss", "lr", "tokens_per_second", "compilations"):
+        assert key in records[0]
+    first = sum(r["loss"] for r in records[:2]) / 2
+    last = sum(r["loss"] for r in records[-2:]) / 2
+    assert last < 0.7 * first, (first, last)
+    assert summary["eval_loss"] < summary["first_loss"]
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "config.json").is_file()
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints[-1].startswith("step_") and len(checkpoints) <= 2
+    assert list((out / "tensorboard").iterdir())
+
+
+NO_DROPOUT = {
+    "tiny-bert-classification": ["--set", "model.config.hidden_dropout_prob=0.0",
+                                 "--set", "model.config.attention_probs_dropout_prob=0.0"],
+    "tiny-llama-clm": ["--set", "model.config.attention_dropout=0.0"],
+}
+
+
+@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
+def test_xla_matches_eager_reference(tmp_path: Path, recipe: str):
+    common = [str(RECIPES / f"{recipe}.yaml"), "--set", "train.max_steps=50", "--set", "train.log_every=1",
+              "--set", "checkpoint.every=0", "--set", "checkpoint.save_final=false",
+              "--set", "train.precision=fp32", *NO_DROPOUT[recipe]]
+    losses = {}
+    for backend in ("xla-cpu", "eager"):
+        out = tmp_path / backend
+        result = run_cli("run", *common, "--backend", backend, "--output-dir", str(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        losses[backend] = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
+    assert sorted(losses["xla-cpu"]) == list(range(1, 51)) == sorted(losses["eager"])
+    worst = max(abs(losses["xla-cpu"][s] - losses["eager"][s]) / abs(losses["eager"][s]) for s in range(1, 51))
+    assert worst < 1e-4, worst
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert wa[key].dtype == wb[key].dtype
+        assert wa[key].view(-1).view(dtype=__import__("torch").uint8).equal(
+            wb[key].view(-1).view(dtype=__import__("torch").uint8)), key
+
+
+RESUME_ARGS = [str(RECIPES / "tiny-bert-classification.yaml"), "--set", "train.max_steps=40",
+               "--set", "checkpoint.every=10", "--set", "checkpoint.keep=2", "--set", "train.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = run_cli("run", *RESUME_ARGS, "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrupted: Path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", "run", *RESUME_ARGS, "--output-dir", str(out)],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            if metrics.exists() and any(r.get("step", 0) >= 23 for r in read_metrics(metrics)):
+                break
+            assert proc.poll() is None, "run ended before it could be killed"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not (out / "summary.json").exists()
+    result = run_cli("run", *RESUME_ARGS, "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["resumed_from_step"] in (20, 30)
+    _same_weights(out, uninterrupted)
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 40
+
+
+KILL_DURING_CHECKPOINT_WRITE = """
+import os, signal, sys
+import neurontrain.checkpoint.training as training
+real_fsync = training._fsync_path
+def fsync_then_die(path):
+    real_fsync(path)
+    if path.name == "state.pt" and path.parent.name == ".step_00000020.partial":
+        os.kill(os.getpid(), signal.SIGKILL)   # state written, marker not yet: a torn checkpoint
+training._fsync_path = fsync_then_die
+from neurontrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_during_checkpoint_write_then_resume_is_bit_identical(tmp_path: Path, uninterrupted: Path):
+    out = tmp_path / "torn"
+    result = subprocess.run([sys.executable, "-c", KILL_DURING_CHECKPOINT_WRITE, "run", *RESUME_ARGS,
+                             "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    assert (out / "checkpoints" / ".step_00000020.partial" / "state.pt").exists()
+    assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step_00000010"]
+    result = run_cli("run", *RESUME_ARGS, "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_json(out / "summary.json")["resumed_from_step"] == 10
+    assert not (out / "checkpoints" / ".step_00000020.partial").exists()
+    _same_weights(out, uninterrupted)
+
+
+def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
+    """A recipe whose plan is wrong on purpose: buckets are dynamic but the guard must still attribute
+    compiles; with fail mode a recompilation of an already compiled key stops the run (exit 1)."""
+    result = run_cli("run", str(RECIPES / "tiny-llama-clm.yaml"), "--output-dir", str(tmp_path / "g"),
+                     "--set", "train.max_steps=12", "--set", "data.buckets=dynamic", "--set", "train.log_every=1",
+                     "--set", "train.schedule.warmup_steps=0", "--set", "train.schedule.kind=constant",
+                     "--set", "checkpoint.every=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(tmp_path / "g" / "summary.json")
+    # dynamic padding: one graph per distinct batch length, all of them planned, none unexpected
+    assert summary["unexpected_graphs"] == 0
+    assert summary["compilations"] >= len(summary["buckets_used"]) + 1
