@@ -100,6 +100,14 @@ class Backend:
         data = met.metric_data("CompileTime")
         return int(data[0]) if data else 0
 
+    def compile_seconds(self) -> float:
+        if not self.is_xla:
+            return 0.0
+        import torch_xla.debug.metrics as met
+
+        data = met.metric_data("CompileTime")
+        return float(data[1]) / 1e9 if data else 0.0
+
     def execute_count(self) -> int:
         if not self.is_xla:
             return 0

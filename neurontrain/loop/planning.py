@@ -20,7 +20,7 @@ from neurontrain.recipe import Recipe
 # XLA:CPU figures were measured here with the tiny recipes; Neuron and CUDA figures are planning estimates
 # (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
 COST_DEFAULTS = {
-    "xla-cpu": (3.0, 1.5e10, 0.02),
+    "xla-cpu": (5.0, 2.2e10, 0.02),
     "xla-cuda": (20.0, 5e13, 0.005),
     "neuron": (300.0, 4e13, 0.01),
 }

@@ -111,6 +111,7 @@ class Trainer:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         compiles_at_start = backend.compile_count()
+        compile_seconds_at_start = backend.compile_seconds()
         guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
                                    backend.execute_count, report=self._report)
         materialize_optimizer_state(optimizer)
@@ -199,6 +200,7 @@ class Trainer:
             "first_loss": train_records[0]["loss"] if train_records else None,
             "final_loss": train_records[-1]["loss"] if train_records else None,
             "compilations": backend.compile_count() - compiles_at_start,
+            "compile_seconds": backend.compile_seconds() - compile_seconds_at_start,
             "distinct_graphs": guard.distinct_graphs,
             "expected_graphs": len(plan.expected_graphs()),
             "unexpected_graphs": len(guard.unexpected),

@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from conftest import RECIPES, run_cli
+from neurontrain.errors import UsageError
+from neurontrain.recipe import apply_overrides, load_recipe, parse_override
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_validate(path):
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_override("data.buckets=[32, 64]") == (["data", "buckets"], [32, 64])
+    assert parse_override("train.precision=bf16") == (["train", "precision"], "bf16")
+    raw = apply_overrides({"train": {"max_steps": 3}}, ["train.max_steps=7", "runtime.backend=eager"])
+    assert raw == {"train": {"max_steps": 7}, "runtime": {"backend": "eager"}}
+
+
+def test_fingerprint_ignores_step_count_but_not_model():
+    base = load_recipe(RECIPES / "tiny-llama-clm.yaml")
+    assert base.fingerprint() == load_recipe(RECIPES / "tiny-llama-clm.yaml", ["train.max_steps=99"]).fingerprint()
+    assert base.fingerprint() != load_recipe(RECIPES / "tiny-llama-clm.yaml",
+                                             ["model.config.hidden_size=32"]).fingerprint()
+
+
+def test_bad_override_raises_usage_error():
+    with pytest.raises(UsageError):
+        load_recipe(RECIPES / "tiny-llama-clm.yaml", ["nonsense"])
+
+
+def test_env_reports_backend_and_versions():
+    result = run_cli("env", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    info = json.loads(result.stdout)
+    assert info["backend"] == "xla-cpu" and info["collectives"] == "gloo"
+    assert info["reloads_compiled_executables"] is False
+    assert info["packages"]["torch"].startswith("2.9") and info["packages"]["torch-xla"].startswith("2.9")
+
+
+def test_neuron_backend_without_devices_is_a_usage_error():
+    result = run_cli("env", "--backend", "neuron")
+    assert result.returncode == 2 and result.stderr.strip().startswith("neurontrain: error: backend neuron needs")
+
+
+def test_dry_run_prints_plan_without_training(tmp_path):
+    result = run_cli("run", str(RECIPES / "tiny-llama-clm.yaml"), "--dry-run", "--output-dir", str(tmp_path / "x"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    assert plan["expected_graphs"][0] == ["setup"]
+    assert {tuple(k) for k in plan["expected_graphs"]} >= {("train", n) for n in plan["buckets"]["used"]}
+    assert plan["world_size"] == 1 and plan["effective_batch"] == 8
+    assert not (tmp_path / "x").exists()
