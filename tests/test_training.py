@@ -152,3 +152,20 @@ def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
     # dynamic padding: one graph per distinct batch length, all of them planned, none unexpected
     assert summary["unexpected_graphs"] == 0
     assert summary["compilations"] >= len(summary["buckets_used"]) + 1
+
+
+@pytest.mark.parametrize("variant", [["train.grad_accum=2"], ["train.precision=bf16"], ["data.last_batch=pad"]],
+                         ids=["grad-accum", "bf16", "pad-last-batch"])
+def test_loop_variants_keep_one_graph_per_step_kind(tmp_path: Path, variant: list[str]):
+    args = ["run", str(RECIPES / "tiny-llama-clm.yaml"), "--output-dir", str(tmp_path / "v"),
+            "--set", "train.max_steps=12", "--set", "checkpoint.every=0", "--set", "train.schedule.warmup_steps=2",
+            "--set", "train.recompile_guard=fail"]
+    for item in variant:
+        args += ["--set", item]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(tmp_path / "v" / "summary.json")
+    assert summary["unexpected_graphs"] == 0 and summary["hidden_host_syncs"] == []
+    extra = 1 if "train.grad_accum=2" in variant else 0  # the shared optimizer-step graph
+    assert summary["compilations"] <= len(summary["buckets_used"]) * 2 + 1 + extra
+    assert summary["final_loss"] < summary["first_loss"]
