@@ -57,6 +57,7 @@ class AutoBucketSpec(_Strict):
     compile_seconds: float | None = Field(None, gt=0)
     flops_per_second: float | None = Field(None, gt=0)
     step_overhead_seconds: float | None = Field(None, ge=0)
+    saturation_tokens: int | None = Field(None, ge=0)
 
 
 DataSource = Literal["synthetic-sentiment", "synthetic-text", "json", "csv", "parquet", "hub"]

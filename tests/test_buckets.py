@@ -1,4 +1,5 @@
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -77,3 +78,14 @@ def test_empty_lengths_rejected():
     with pytest.raises(ValueError):
         choose_buckets([], planned_batches=1, graphs_per_bucket=1, cost=cost(1), max_buckets=2, multiple=8,
                        max_length=64)
+
+
+def test_below_saturation_shorter_buckets_save_nothing():
+    # 90 % of samples are <= 16 tokens; at 8 x 16 = 128 tokens a step this device is far from saturated
+    lengths = [16] * 900 + [64] * 100
+    kwargs = dict(planned_batches=2000, graphs_per_bucket=1, max_buckets=4, multiple=8, max_length=64)
+    assert choose_buckets(lengths, cost=cost(60.0), **kwargs).buckets == [16, 64]
+    saturating = replace(cost(60.0), saturation_tokens=8 * 64)
+    assert choose_buckets(lengths, cost=saturating, **kwargs).buckets == [64]
+    assert saturating.step_seconds(16) == pytest.approx(0.01 + 512 * (2e6 + 1e4 * 16) / 1e10)
+    assert saturating.step_seconds(128) == cost(60.0).step_seconds(128)

@@ -28,7 +28,11 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
 class StepCostModel:
     """Seconds for one step of `batch_size` sequences of length L, and seconds per compiled graph.
 
-    step(L) = overhead + batch_size * L * (flops_per_token + attention_flops_per_token_per_position * L) / flops_per_second
+    step(L) = overhead + max(batch_size * L, saturation_tokens) * (flops_per_token + attention_flops_per_token_per_position * L)
+              / flops_per_second
+
+    saturation_tokens: below this many tokens per step the device is not kept busy, so a shorter bucket stops
+    saving time (measured on XLA:CPU: tiny BERT steps at 16..64 tokens x 16 sequences all take ~0.1 s).
     """
 
     compile_seconds: float
@@ -37,9 +41,10 @@ class StepCostModel:
     flops_per_token: float
     attention_flops_per_token_per_position: float
     batch_size: int
+    saturation_tokens: int = 0
 
     def step_seconds(self, length: int) -> float:
-        flops = self.batch_size * length * (self.flops_per_token + self.attention_flops_per_token_per_position * length)
+        flops = max(self.batch_size * length, self.saturation_tokens) * (self.flops_per_token + self.attention_flops_per_token_per_position * length)
         return self.step_overhead_seconds + flops / self.flops_per_second
 
 

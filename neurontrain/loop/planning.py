@@ -16,13 +16,14 @@ from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.loop.model import ModelDims, build_config, model_dims
 from neurontrain.recipe import Recipe
 
-# Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step).
-# XLA:CPU figures were measured here with the tiny recipes; Neuron and CUDA figures are planning estimates
-# (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
+# Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step,
+# saturation tokens per step). XLA:CPU figures were fitted here to tiny-BERT step times at lengths 16..256
+# (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token); Neuron and CUDA figures are planning
+# estimates (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
 COST_DEFAULTS = {
-    "xla-cpu": (5.0, 2.2e10, 0.02),
-    "xla-cuda": (20.0, 5e13, 0.005),
-    "neuron": (300.0, 4e13, 0.01),
+    "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
+    "xla-cuda": (20.0, 5e13, 0.005, 8192),
+    "neuron": (300.0, 4e13, 0.01, 4096),
 }
 
 
@@ -99,7 +100,7 @@ class RunPlan:
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
     spec = recipe.data.auto_buckets
     # eager is the reference run for an XLA run: it must plan the same buckets, so it uses XLA:CPU's figures
-    compile_s, flops, overhead = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
+    compile_s, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
     dense, attention = training_flops_per_token(dims.n_params, dims.n_layers, dims.hidden)
     return StepCostModel(
         compile_seconds=spec.compile_seconds if spec.compile_seconds is not None else compile_s,
@@ -108,6 +109,7 @@ def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
         flops_per_token=dense,
         attention_flops_per_token_per_position=attention,
         batch_size=recipe.data.batch_size,
+        saturation_tokens=spec.saturation_tokens if spec.saturation_tokens is not None else saturation,
     )
 
 
