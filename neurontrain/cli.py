@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Sequence
@@ -31,6 +32,40 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"],
                      help="override runtime.backend; eager = plain PyTorch (the GPU-style reference)")
     run.add_argument("--dry-run", action="store_true", help="validate and print the plan; do not train")
+
+    pre = sub.add_parser("precompile", help="discover a recipe's graphs and compile them ahead of time")
+    pre.add_argument("recipe", help="YAML recipe")
+    pre.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    pre.add_argument("--backend", choices=["auto", "neuron", "xla-cpu", "xla-cuda"])
+    pre.add_argument("--workers", type=int, help="parallel compiler processes (default: from cores and host RAM)")
+    pre.add_argument("--cache", help="local cache directory or s3://bucket/prefix (default: runtime.compile_cache)")
+    pre.add_argument("--target", choices=["auto", "neuron", "none"], default="auto",
+                     help="compile for this target: neuron runs neuronx-cc (default: the backend's own)")
+    pre.add_argument("--retries", type=int, default=2, help="retries of a compile that was killed or crashed")
+    pre.add_argument("--json", dest="json_file", help="also write the report as JSON to this file")
+
+    cache = sub.add_parser("cache", help="inspect and move the compile cache (local directory or s3://)")
+    csub = cache.add_subparsers(dest="cache_command", parser_class=_Parser)
+
+    def cache_cmd(name: str, help_text: str, recipe: bool = False) -> argparse.ArgumentParser:
+        c = csub.add_parser(name, help=help_text)
+        if recipe:
+            c.add_argument("recipe", help="YAML recipe")
+            c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+            c.add_argument("--backend", choices=["auto", "neuron", "xla-cpu", "xla-cuda"])
+        c.add_argument("--cache", help="local directory or s3://bucket/prefix (default: compile_cache)")
+        c.add_argument("--local", help="local cache directory mirrored from an s3:// cache (default: compile_cache)")
+        c.add_argument("--workers", type=int, default=8, help="objects transferred at a time")
+        c.add_argument("--json", action="store_true", help="JSON output")
+        return c
+
+    cache_cmd("status", "which of a recipe's graphs are in the cache", recipe=True)
+    cache_cmd("ls", "list cache entries")
+    cache_cmd("push", "publish local entries missing from an s3:// cache")
+    cache_cmd("pull", "fetch entries missing locally from an s3:// cache, verified")
+    cache_cmd("verify", "check every entry's files against their SHA-256")
+    cache_cmd("prune", "remove entries older than a duration").add_argument(
+        "--older-than", required=True, help="e.g. 30d, 12h, 45m")
 
     env = sub.add_parser("env", help="print the backend, devices and package versions")
     env.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
@@ -62,12 +97,104 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"neurontrain: {recipe.name} on {backend.name}: {recipe.train.max_steps} steps, buckets "
           f"{described['buckets']['used']} ({plan.bucket_mode}), {len(described['expected_graphs'])} planned graphs, "
           f"output {output_dir}", file=sys.stderr)
+    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.discover import run_plan_id
+    from neurontrain.compile.manifest import load_manifest, manifest_path
     from neurontrain.loop.trainer import Trainer
 
-    summary = Trainer(plan, backend, output_dir).run()
+    cache = resolve_cache(recipe.runtime.compile_cache)
+    pulled = cache.pull_before()
+    manifest = load_manifest(manifest_path(cache.local, recipe.name, run_plan_id(plan, backend.name)))
+    if manifest is not None:
+        print(f"neurontrain: checking graphs against the precompile manifest ({len(manifest.graphs)} graphs)",
+              file=sys.stderr)
+    summary = Trainer(plan, backend, output_dir, manifest.graph_ids() if manifest else None).run()
+    pushed = cache.push_after()
+    if pulled is not None or pushed is not None:
+        summary["compile_cache"] = {"pulled": pulled, "pushed": pushed}
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     keys = ("backend", "steps", "first_loss", "final_loss", "compilations", "distinct_graphs",
             "unexpected_graphs", "tokens_per_second", "padding_fraction", "wall_seconds")
     print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0
+
+
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    from neurontrain.backend import select_backend
+    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.precompile import precompile
+    from neurontrain.loop.planning import make_plan
+    from neurontrain.recipe import load_recipe
+
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    overrides = list(args.overrides) + ([f"runtime.backend={args.backend}"] if args.backend else [])
+    recipe = load_recipe(args.recipe, overrides)
+    cache = resolve_cache(args.cache or recipe.runtime.compile_cache)
+    backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
+    target = args.target if args.target != "auto" else ("neuron" if backend.name == "neuron" else "none")
+    plan = make_plan(recipe, backend.name)
+    cache.pull_before()
+    report = precompile(plan, backend, cache.local, target, args.workers, retries=args.retries)
+    print(report.table(), file=sys.stderr)
+    cache.push_after()
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report.to_json(), indent=2))
+    print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
+    return 1 if report.failed else 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from neurontrain.compile import cachecmd
+
+    if args.cache_command is None:
+        raise UsageError("cache needs a command: status, ls, push, pull, verify, prune")
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    cache = cachecmd.resolve_cache(args.cache, args.local, args.workers)
+    if args.cache_command in ("push", "pull") and cache.remote is None:
+        raise UsageError(f"cache {args.cache_command} needs --cache s3://bucket/prefix")
+    if args.cache_command == "status":
+        from neurontrain.backend import resolve_backend_name
+        from neurontrain.recipe import load_recipe
+
+        overrides = list(args.overrides) + ([f"runtime.backend={args.backend}"] if args.backend else [])
+        recipe = load_recipe(args.recipe, overrides)
+        if args.cache is None and args.local is None:
+            cache = cachecmd.resolve_cache(recipe.runtime.compile_cache, None, args.workers)
+        result = cachecmd.cache_status(recipe, cache, resolve_backend_name(recipe.runtime.backend))
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print(f"{result['recipe']} plan {result['plan_id']} ({result['backend']}): {result.get('note', '')}")
+            for g in result["graphs"]:
+                print(f"  {' '.join(map(str, g['key'])):<18} {g['graph_id'][:16]}  hlo: {','.join(g['hlo']) or 'missing'}"
+                      f"  neff: {g['neff'] or '-'}")
+        return 0
+    if args.cache_command == "ls":
+        rows = cachecmd.list_entries(cache)
+        print(json.dumps(rows, indent=2) if args.json else "\n".join(
+            " ".join(str(v) for v in row.values()) for row in rows))
+        return 0
+    if args.cache_command in ("push", "pull"):
+        report = cache.remote.push(cache.local) if args.cache_command == "push" else cache.remote.pull(cache.local)
+        print(json.dumps(report.to_json()))
+        for problem in report.refused:
+            print(f"neurontrain: refused {problem['entry']}/{problem['file']}: {problem['problem']}", file=sys.stderr)
+        return 1 if report.refused else 0
+    if args.cache_command == "verify":
+        problems = cachecmd.verify(cache)
+        for p in problems:
+            print(f"neurontrain: bad {p['entry']}/{p['file']}"
+                  + (f" ({p['object']})" if p.get("object") else "") + f": {p['problem']}", file=sys.stderr)
+        print(json.dumps({"problems": len(problems), "details": problems}))
+        return 1 if problems else 0
+    from neurontrain.compile.store import parse_duration
+
+    seconds = parse_duration(args.older_than)
+    result = cache.remote.prune(seconds, time.time()) if cache.remote is not None else \
+        cachecmd.prune_local(cache.local, args.older_than)
+    print(json.dumps(result))
     return 0
 
 
@@ -98,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        handler = {"run": _cmd_run, "env": _cmd_env}[args.command]
+        handler = {"run": _cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
+                   "cache": _cmd_cache}[args.command]
         return handler(args)
     except NeurontrainError as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)

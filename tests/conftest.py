@@ -28,3 +28,53 @@ def read_metrics(path: Path) -> list[dict]:
 @pytest.fixture
 def recipes() -> Path:
     return RECIPES
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto in server mode) on 127.0.0.1; yields the env that points boto3 at it."""
+    import time
+    import urllib.request
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto server did not start")
+            time.sleep(0.2)
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    yield env
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch, request):
+    """A fresh bucket on the local server; the test's environment points at the server."""
+    import re
+
+    import boto3
+
+    for k, v in s3_server.items():
+        monkeypatch.setenv(k, v)
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-b"
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"])
+    client.create_bucket(Bucket=name)
+    return name, client

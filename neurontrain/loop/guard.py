@@ -18,8 +18,11 @@ class RecompilationGuard:
     """
 
     def __init__(self, expected: list[tuple], mode: str, compile_count: Callable[[], int],
-                 execute_count: Callable[[], int], report: Callable[[str], None] | None = None) -> None:
+                 execute_count: Callable[[], int], report: Callable[[str], None] | None = None,
+                 known_graphs: set[str] | None = None) -> None:
+        """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them."""
         self.expected = set(expected)
+        self.known_graphs = known_graphs
         self.mode = mode
         self._compiles = compile_count
         self._executes = execute_count
@@ -33,7 +36,8 @@ class RecompilationGuard:
         self._synced_keys_reported: set[tuple] = set()
         self._extra_reported = 0
 
-    def after_sync(self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1) -> None:
+    def after_sync(self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1,
+                   graph: str | None = None) -> None:
         compiles = self._compiles()
         new_compiles = compiles - self._last_compiles
         self._last_compiles = compiles
@@ -44,11 +48,13 @@ class RecompilationGuard:
         if new_compiles > 0:
             first_time = key not in self.compiled
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
-            if self.mode != "off" and (not first_time or key not in self.expected or new_compiles > syncs):
+            unlisted = self.known_graphs is not None and graph is not None and graph not in self.known_graphs
+            if self.mode != "off" and (not first_time or key not in self.expected or new_compiles > syncs or unlisted):
                 event = {"step": step, "kind": key[0], "key": list(key), "shapes": shapes or {},
-                         "new_compiles": new_compiles,
+                         "new_compiles": new_compiles, "graph": graph,
                          "reason": "not in the plan" if key not in self.expected else
-                         ("recompiled a graph already compiled" if not first_time else "more graphs than syncs")}
+                         ("recompiled a graph already compiled" if not first_time else
+                          "more graphs than syncs" if new_compiles > syncs else "not in the precompile manifest")}
                 self.unexpected.append(event)
                 message = (f"neurontrain: unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
                            f"{event['reason']}, {new_compiles} compile(s)")

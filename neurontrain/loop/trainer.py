@@ -18,8 +18,8 @@ from neurontrain.data.collate import Collator
 from neurontrain.errors import UsageError
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, write_summary
-from neurontrain.loop.model import (build_model, build_optimizer, build_scheduler, eval_statistics,
-                                    materialize_optimizer_state, model_inputs)
+from neurontrain.loop import steps
+from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
 
 
@@ -44,11 +44,23 @@ def _progress(total: int, initial: int):
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path) -> None:
+    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path, manifest_graphs: set[str] | None = None) -> None:
+        """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is checked
+        against them (a miss is an unexpected graph)."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
         self.recipe = plan.recipe
         self.ckpt_root = output_dir / "checkpoints"
-        self.loss_dtype = torch.float32
+        self.manifest_graphs = manifest_graphs
+        self._identified: set[tuple] = set()
+
+    def _graph_id(self, key: tuple, tensors: list[torch.Tensor]) -> str | None:
+        """The content id of the pending graph, the first time a key runs and only when there is a manifest."""
+        if self.manifest_graphs is None or not self.backend.is_xla or key in self._identified:
+            return None
+        from neurontrain.compile.graphs import graph_hlo, graph_id
+
+        self._identified.add(key)
+        return graph_id(graph_hlo(tensors)[0])
 
     # -- set-up ------------------------------------------------------------------------------------
     def _restore(self, model: torch.nn.Module) -> tuple[int, int, dict | None]:
@@ -67,10 +79,6 @@ class Trainer:
         return int(meta["step"]), int(state["data_position"]), state
 
     # -- steps --------------------------------------------------------------------------------------
-    def _forward(self, model: torch.nn.Module, batch: dict) -> Any:
-        with self.backend.autocast(self.recipe.train.precision):
-            return model(**model_inputs(batch, self.plan.dims, self.loss_dtype))
-
     def _evaluate(self, model: torch.nn.Module, step: int, guard: RecompilationGuard, collator: Collator) -> dict:
         totals = torch.zeros(3, dtype=torch.float64)
 
@@ -82,11 +90,12 @@ class Trainer:
         with torch.no_grad():
             for batch in loader:
                 batch.pop("real_tokens")
-                labels = batch["labels"]
-                stats = eval_statistics(self._forward(model, batch), labels, self.recipe.task)
+                stats = steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
                 self.backend.add_step_closure(accumulate, (stats,))
+                key = ("eval", batch["input_ids"].shape[1])
+                graph = self._graph_id(key, [stats])
                 self.backend.sync()
-                guard.after_sync(("eval", batch["input_ids"].shape[1]), step, {"input_ids": list(batch["input_ids"].shape)})
+                guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
         model.train()
         loss_sum, counted, correct = totals.tolist()
         out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
@@ -113,10 +122,11 @@ class Trainer:
         compiles_at_start = backend.compile_count()
         compile_seconds_at_start = backend.compile_seconds()
         guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
-                                   backend.execute_count, report=self._report)
+                                   backend.execute_count, report=self._report, known_graphs=self.manifest_graphs)
         materialize_optimizer_state(optimizer)
+        graph = self._graph_id(("setup",), steps.state_tensors(model, optimizer))
         backend.sync()
-        guard.after_sync(("setup",), start_step)
+        guard.after_sync(("setup",), start_step, graph=graph)
         if state is not None:
             # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
             # seed as it was after the step's own sync.
@@ -158,24 +168,20 @@ class Trainer:
                 interval.slot_tokens += slots
                 totals["real"] += real
                 totals["slots"] += slots
-                loss = self._forward(model, batch).loss
-                (loss / train.grad_accum if train.grad_accum > 1 else loss).backward()
-                micro_losses.append(loss.detach())
+                micro_losses.append(steps.micro_step(model, batch, recipe, plan.dims, backend.autocast))
                 if train.grad_accum > 1:
+                    key = ("train-micro", length)
+                    graph = self._graph_id(key, steps.state_tensors(model, optimizer) + micro_losses[-1:])
                     backend.sync()
-                    guard.after_sync(("train-micro", length), step, {"input_ids": list(batch["input_ids"].shape)})
-            if train.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, train.max_grad_norm)
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=False)
+                    guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
+            lr = steps.optimizer_step(params, optimizer, scheduler, recipe)
             position += train.grad_accum
             if step == 1 or step % train.log_every == 0 or step == train.max_steps:
                 backend.add_step_closure(log_step, (step, lr, *micro_losses))
-            backend.sync()
             key = ("train", length) if train.grad_accum == 1 else ("optimizer",)
-            guard.after_sync(key, step, {"input_ids": [data.batch_size, length]})
+            graph = self._graph_id(key, steps.state_tensors(model, optimizer) + micro_losses)
+            backend.sync()
+            guard.after_sync(key, step, {"input_ids": [data.batch_size, length]}, graph=graph)
             progress.update(1)
 
             if plan.eval_batches and ((train.eval_every and step % train.eval_every == 0)
@@ -206,6 +212,7 @@ class Trainer:
             "unexpected_graphs": len(guard.unexpected),
             "unexpected": guard.unexpected,
             "hidden_host_syncs": guard.hidden_syncs,
+            "checked_against_manifest": self.manifest_graphs is not None,
             "buckets": plan.buckets,
             "bucket_mode": plan.bucket_mode,
             "buckets_used": sorted(set(plan.train_lengths_used)),

@@ -1,0 +1,118 @@
+"""`neurontrain cache ...` and the cache handling of `run`/`precompile`: a local directory, optionally
+backed by an s3:// store that is pulled before and pushed after (by one process per node)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from neurontrain.compile.store import local_entries, parse_duration, remove_entry, verify_local
+
+DEFAULT_LOCAL = Path("compile_cache")
+
+
+def _node_leader() -> bool:
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+@dataclass
+class Cache:
+    local: Path
+    remote: "object | None" = None  # S3Store
+
+    def pull_before(self) -> dict | None:
+        if self.remote is None or not _node_leader():
+            return None
+        report = self.remote.pull(self.local)
+        _say(f"pulled {report.entries} entries ({report.bytes} bytes) from {self.remote.url}"
+             + (f"; refused {len(report.refused)}: " + "; ".join(f"{p['entry']}/{p['file']}: {p['problem']}"
+                                                               for p in report.refused) if report.refused else ""))
+        return report.to_json()
+
+    def push_after(self) -> dict | None:
+        if self.remote is None or not _node_leader():
+            return None
+        report = self.remote.push(self.local)
+        _say(f"pushed {report.entries} entries ({report.objects} objects, {report.bytes} bytes) to {self.remote.url}")
+        return report.to_json()
+
+
+def _say(message: str) -> None:
+    print(f"neurontrain: {message}", file=sys.stderr)
+
+
+def resolve_cache(url: str | None, local: str | None = None, workers: int = 8) -> Cache:
+    """A local path is the cache itself; s3://bucket/prefix is a remote store mirrored in `local`
+    (default compile_cache/ in the working directory)."""
+    if url and url.startswith("s3://"):
+        from neurontrain.compile.s3 import S3Store
+
+        return Cache(Path(local) if local else DEFAULT_LOCAL, S3Store(url, workers=workers))
+    if url and "://" in url:
+        from neurontrain.errors import UsageError
+
+        raise UsageError(f"bad cache URL {url!r} (expected a local directory or s3://bucket/prefix)")
+    return Cache(Path(local or url or DEFAULT_LOCAL))
+
+
+def cache_status(recipe, cache: Cache, backend_name: str) -> dict:
+    """Which of the recipe's graphs are present, from its precompile manifest (local, or pulled from the store)."""
+    from neurontrain.compile.discover import run_plan_id
+    from neurontrain.compile.manifest import load_manifest, manifest_path
+    from neurontrain.loop.planning import make_plan
+
+    plan = make_plan(recipe, backend_name)
+    pid = run_plan_id(plan, backend_name)
+    path = manifest_path(cache.local, recipe.name, pid)
+    remote_entries = cache.remote.list_entries() if cache.remote is not None else {}
+    if not path.is_file() and f"manifests/{path.name}" in remote_entries:
+        cache.remote.pull(cache.local, only={f"manifests/{path.name}"})
+    manifest = load_manifest(path)
+    out = {"recipe": recipe.name, "plan_id": pid, "backend": backend_name, "manifest": str(path),
+           "planned_graphs": [list(k) for k in plan.expected_graphs()], "graphs": []}
+    if manifest is None:
+        out["note"] = "no manifest for this plan: run `neurontrain precompile` with the same recipe and overrides"
+        return out
+    neuron_modules = {}
+    for entry in list(local_entries(cache.local)) + list(remote_entries):
+        if "/MODULE_" in entry:
+            neuron_modules.setdefault(entry.split("/MODULE_")[1].split("+")[0], entry)
+    for g in manifest.graphs:
+        where = []
+        if (cache.local / g.hlo_file).is_file():
+            where.append("local")
+        if f"graphs/{g.graph_id}" in remote_entries:
+            where.append("remote")
+        out["graphs"].append({"key": g.key, "graph_id": g.graph_id, "hlo": where,
+                              "neff": neuron_modules.get(g.graph_id)})
+    return out
+
+
+def prune_local(root: Path, older_than: str) -> dict:
+    cutoff = time.time() - parse_duration(older_than)
+    removed = 0
+    for entry in local_entries(root).values():
+        if entry.mtime() < cutoff:
+            remove_entry(entry, root)
+            removed += 1
+    return {"entries_removed": removed}
+
+
+def verify(cache: Cache) -> list[dict]:
+    return cache.remote.verify() if cache.remote is not None else verify_local(cache.local)
+
+
+def list_entries(cache: Cache) -> list[dict]:
+    if cache.remote is not None:
+        cache.remote.check()
+        return [{"entry": p, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
+                for p, t in sorted(cache.remote.list_entries().items())]
+    rows = []
+    for path, entry in local_entries(cache.local).items():
+        files = entry.files()
+        rows.append({"entry": path, "files": len(files), "bytes": sum(p.stat().st_size for p in files.values()),
+                     "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.mtime()))})
+    return rows

@@ -1,0 +1,121 @@
+"""Graph discovery by construction: trace every graph of a run's plan once, without executing it.
+
+For each graph key of `RunPlan.expected_graphs()` the step runs through `loop/steps.py` (the functions the
+loop calls) on a fresh copy of the run's model and optimizer whose state is device data, as it is after the
+loop's set-up sync; the pending graph's HLO is recorded and then dropped unexecuted.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from neurontrain.backend import Backend, package_versions
+from neurontrain.compile.graphs import graph_hlo, graph_id
+from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
+from neurontrain.data.collate import Collator
+from neurontrain.data.plan import PlannedBatch
+from neurontrain.loop import steps
+from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state
+from neurontrain.loop.planning import RunPlan
+
+
+def run_plan_id(plan: RunPlan, backend: str) -> str:
+    return plan_id(plan.recipe.fingerprint(), backend, plan.recipe.train.max_steps, plan.expected_graphs())
+
+
+def _first_train_batch(plan: RunPlan, length: int) -> PlannedBatch:
+    steps_total = plan.recipe.train.max_steps * plan.recipe.train.grad_accum
+    for batch in itertools.islice(plan.planner.iterate(0), steps_total):
+        if batch.length == length:
+            return batch
+    raise ValueError(f"no planned training batch of length {length}")
+
+
+class _Tracer:
+    def __init__(self, plan: RunPlan, backend: Backend) -> None:
+        self.plan, self.backend, self.recipe = plan, backend, plan.recipe
+        self.device = backend.device
+        self.cpu_model = build_model(self.recipe, plan.config)
+        cpu_optimizer = build_optimizer(self.recipe, self.cpu_model)
+        materialize_optimizer_state(cpu_optimizer)
+        self.cpu_optimizer_state = cpu_optimizer.state_dict()
+        self.cpu_model.zero_grad(set_to_none=True)
+        data, spec = plan.data, self.recipe.data
+        self.collate = Collator(data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id)
+        self.eval_collate = Collator(data.eval_ids, data.eval_labels, self.recipe.task,
+                                     spec.eval_batch_size or spec.batch_size, data.pad_id)
+
+    def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+        """Model and optimizer on the device. set_up: state as after the loop's set-up sync (device data)."""
+        model = copy.deepcopy(self.cpu_model).to(self.device)
+        optimizer = build_optimizer(self.recipe, model)
+        scheduler = build_scheduler(self.recipe, optimizer)
+        if set_up:
+            optimizer.load_state_dict(self.cpu_optimizer_state)
+            for param in model.parameters():
+                param.grad = torch.zeros(param.shape, dtype=param.dtype).to(self.device)
+        return model, optimizer, scheduler
+
+    def _batch(self, collate: Collator, planned: PlannedBatch) -> tuple[dict, dict]:
+        batch = collate(planned)
+        batch.pop("real_tokens")
+        shapes = {k: list(v.shape) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in batch.items()}, shapes
+
+    def trace(self, key: tuple) -> tuple[list[torch.Tensor], dict]:
+        kind = key[0]
+        if kind == "setup":
+            model, optimizer, _ = self._fresh(set_up=False)
+            materialize_optimizer_state(optimizer)
+            return steps.state_tensors(model, optimizer), {}
+        model, optimizer, scheduler = self._fresh(set_up=True)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if kind == "eval":
+            planned = next(b for b in self.plan.eval_batches if b.length == key[1])
+            batch, shapes = self._batch(self.eval_collate, planned)
+            model.eval()
+            with torch.no_grad():
+                return [steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)], shapes
+        if kind == "optimizer":
+            steps.optimizer_step(params, optimizer, scheduler, self.recipe)
+            return steps.state_tensors(model, optimizer), {}
+        batch, shapes = self._batch(self.collate, _first_train_batch(self.plan, key[1]))
+        loss = steps.micro_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
+        if kind == "train":
+            steps.optimizer_step(params, optimizer, scheduler, self.recipe)
+        return steps.state_tensors(model, optimizer) + [loss], shapes
+
+
+def discover(plan: RunPlan, backend: Backend, cache_root: Path,
+             on_graph: Callable[[GraphRecord], None] | None = None) -> Manifest:
+    """Trace every planned graph; write each HLO under cache_root/graphs/<graph id>/ and return the manifest."""
+    from neurontrain.compile.store import write_file_atomic
+
+    backend.device  # runtime start-up is paid by run and precompile alike; it is not part of discovery
+    start = time.perf_counter()
+    tracer = _Tracer(plan, backend)
+    manifest = Manifest(plan.recipe.name, run_plan_id(plan, backend.name), backend.name,
+                        versions={k: v for k, v in package_versions().items() if k in ("torch", "torch-xla",
+                                                                                       "torch-neuronx", "neuronx-cc")})
+    for key in plan.expected_graphs():
+        t0 = time.perf_counter()
+        tensors, shapes = tracer.trace(key)
+        text, proto = graph_hlo(tensors)
+        del tensors  # drop the pending graph unexecuted
+        gid = graph_id(text)
+        rel = f"graphs/{gid}/model.hlo_module.pb"
+        if not (cache_root / rel).is_file():
+            write_file_atomic(cache_root / rel, proto)
+            write_file_atomic(cache_root / f"graphs/{gid}/model.hlo.txt", text.encode())
+        record = GraphRecord(list(key), shapes, gid, rel, len(proto), round(time.perf_counter() - t0, 4))
+        manifest.graphs.append(record)
+        if on_graph:
+            on_graph(record)
+    manifest.discovery_seconds = round(time.perf_counter() - start, 3)
+    return manifest

@@ -1,0 +1,59 @@
+"""The work of one step, without the sync: shared by the training loop and by graph discovery.
+
+`run` calls these functions and then syncs; `precompile` calls the same functions on the same model,
+optimizer and batch shapes and records the pending graph instead of executing it. So a graph that
+discovery records is by construction the graph the loop compiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from neurontrain.loop.model import ModelDims, eval_statistics, model_inputs
+from neurontrain.recipe import Recipe
+
+
+def forward(model: torch.nn.Module, batch: dict, dims: ModelDims, autocast: Any, precision: str) -> Any:
+    with autocast(precision):
+        return model(**model_inputs(batch, dims, torch.float32))
+
+
+def micro_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelDims, autocast: Any) -> torch.Tensor:
+    """Forward and backward of one micro-batch; returns the detached loss."""
+    loss = forward(model, batch, dims, autocast, recipe.train.precision).loss
+    accum = recipe.train.grad_accum
+    (loss / accum if accum > 1 else loss).backward()
+    return loss.detach()
+
+
+def optimizer_step(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
+                   recipe: Recipe) -> float:
+    """Clip, step, schedule and zero the gradients (kept as zero tensors, so every step has the same inputs).
+    Returns the learning rate the step used."""
+    if recipe.train.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, recipe.train.max_grad_norm)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=False)
+    return lr
+
+
+def eval_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelDims, autocast: Any) -> torch.Tensor:
+    """(loss sum, counted, correct) of one evaluation batch."""
+    return eval_statistics(forward(model, batch, dims, autocast, recipe.train.precision), batch["labels"], recipe.task)
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """Every tensor a step may update: parameters, gradients and optimizer state."""
+    out: list[torch.Tensor] = []
+    for param in model.parameters():
+        out.append(param)
+        if param.grad is not None:
+            out.append(param.grad)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out

@@ -1,0 +1,106 @@
+"""`neurontrain precompile` on XLA:CPU: discovery by construction finds exactly the graphs `run` compiles."""
+
+import json
+import os
+import re
+
+import pytest
+
+from conftest import read_json, run_cli
+from neurontrain.compile.graphs import graph_id
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["--set", "train.max_steps=12", "--set", "train.eval_every=6", "--set", "checkpoint.every=6",
+         "--set", "train.log_every=4"]
+
+
+def _compiled_graph_ids(dump_dir):
+    """Our graph id of every graph the run's syncs compiled, from torch-xla's own HLO dumps: the dump has a block
+    per sync, tagged with torch-xla's graph hash; the first block of each hash is the one that was compiled."""
+    first: dict[str, str] = {}
+    for f in dump_dir.glob("graphs*"):
+        for block in re.findall(r"## BEGIN_GRAPH\n(.*?)\n## END_GRAPH", f.read_text(), re.S):
+            hlo, xla_hash = block.split("\n\nGraph Hash:")
+            first.setdefault(xla_hash.strip(), graph_id(hlo))
+    return list(first.values())
+
+
+@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
+def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, recipe):
+    cache = tmp_path / "cache"
+    args = [str(recipes / f"{recipe}.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL]
+    pre = run_cli("precompile", *args, "--json", str(tmp_path / "pre.json"))
+    assert pre.returncode == 0, pre.stderr
+    report = read_json(tmp_path / "pre.json")
+    assert report["failed"] == 0 and report["graphs_found"] >= 3
+    assert "compilation happens at run time" in report["note"]
+    manifest = read_json(report["manifest"])
+    for g in manifest["graphs"]:
+        assert (cache / g["hlo_file"]).stat().st_size == g["hlo_bytes"] > 0
+
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    out = tmp_path / "run"
+    run = run_cli("run", *args, "--output-dir", str(out),
+                  env={"XLA_SAVE_TENSORS_FILE": str(dump / "graphs"), "XLA_SAVE_TENSORS_FMT": "hlo"})
+    assert run.returncode == 0, run.stderr
+    summary = read_json(out / "summary.json")
+    assert summary["checked_against_manifest"] is True
+    assert summary["unexpected_graphs"] == 0, summary["unexpected"]
+    assert summary["compilations"] == len(manifest["graphs"])
+    # byte-level check: what the syncs compiled is what discovery recorded, and nothing else
+    compiled = _compiled_graph_ids(dump)
+    assert len(compiled) == len(manifest["graphs"])
+    assert set(compiled) == {g["graph_id"] for g in manifest["graphs"]}
+    # discovering all graphs takes less time than compiling one (on average) in the run
+    assert manifest["discovery_seconds"] < summary["compile_seconds"] / summary["compilations"]
+
+
+def test_a_graph_missing_from_the_manifest_is_reported(tmp_path, recipes):
+    cache = tmp_path / "cache"
+    args = [str(recipes / "tiny-bert-classification.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL]
+    assert run_cli("precompile", *args, "--json", str(tmp_path / "pre.json")).returncode == 0
+    path = read_json(tmp_path / "pre.json")["manifest"]
+    manifest = read_json(path)
+    dropped = next(g for g in manifest["graphs"] if g["key"][0] == "eval")
+    manifest["graphs"] = [g for g in manifest["graphs"] if g is not dropped]
+    with open(path, "w") as fh:
+        json.dump(manifest, fh)
+    run = run_cli("run", *args, "--output-dir", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["unexpected_graphs"] == 1
+    assert summary["unexpected"][0]["reason"] == "not in the precompile manifest"
+    assert summary["unexpected"][0]["graph"] == dropped["graph_id"]
+
+
+def test_neuron_target_with_the_standin_compiler(tmp_path, recipes):
+    cache = tmp_path / "cache"
+    standin = os.path.join(os.path.dirname(__file__), "standin", "neuronx-cc")
+    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL,
+            "--target", "neuron", "--workers", "2"]
+    env = {"NEURONX_CC": standin, "STANDIN_CC_SECONDS": "0"}
+    first = run_cli("precompile", *args, "--json", str(tmp_path / "a.json"), env=env)
+    assert first.returncode == 0, first.stderr
+    a = read_json(tmp_path / "a.json")
+    assert a["compiled"] == a["graphs_found"] and a["failed"] == 0
+    assert "already cached" in first.stderr and "compiled" in first.stderr
+    modules = sorted(p.name for p in cache.glob("neuronxcc-*/MODULE_*"))
+    assert modules == sorted(f"MODULE_{g['graph_id']}+d41d8cd9" for g in a["graphs"])
+    second = run_cli("precompile", *args, "--json", str(tmp_path / "b.json"), env=env)
+    assert read_json(tmp_path / "b.json")["already_cached"] == a["graphs_found"]
+    # a graph the compiler rejects: reported, exit 1
+    cache2 = tmp_path / "cache2"
+    args2 = [a if not a.startswith("runtime.compile_cache=") else f"runtime.compile_cache={cache2}" for a in args]
+    bad = run_cli("precompile", *args2, "--json", str(tmp_path / "c.json"),
+                  env={**env, "STANDIN_CC_FAIL": _hlo_sha(cache, a["graphs"][1]["graph_id"])[:16]})
+    assert bad.returncode == 1
+    c = read_json(tmp_path / "c.json")
+    assert c["failed"] == 1 and [g["status"] for g in c["graphs"]].count("failed") == 1
+
+
+def _hlo_sha(cache, gid):
+    import hashlib
+
+    return hashlib.sha256((cache / "graphs" / gid / "model.hlo_module.pb").read_bytes()).hexdigest()
