@@ -39,6 +39,8 @@ def _build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--backend", choices=["auto", "neuron", "xla-cpu", "xla-cuda"])
     pre.add_argument("--workers", type=int, help="parallel compiler processes (default: from cores and host RAM)")
     pre.add_argument("--cache", help="local cache directory or s3://bucket/prefix (default: runtime.compile_cache)")
+    pre.add_argument("--local", help="local directory that mirrors an s3:// cache (default: $NEURONTRAIN_CACHE_DIR "
+                                     "or compile_cache)")
     pre.add_argument("--target", choices=["auto", "neuron", "none"], default="auto",
                      help="compile for this target: neuron runs neuronx-cc (default: the backend's own)")
     pre.add_argument("--retries", type=int, default=2, help="retries of a compile that was killed or crashed")
@@ -103,7 +105,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from neurontrain.loop.trainer import Trainer
 
     cache = resolve_cache(recipe.runtime.compile_cache)
-    pulled = cache.pull_before()
+    pulled = cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     manifest = load_manifest(manifest_path(cache.local, recipe.name, run_plan_id(plan, backend.name)))
     if manifest is not None:
         print(f"neurontrain: checking graphs against the precompile manifest ({len(manifest.graphs)} graphs)",
@@ -128,14 +130,23 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if args.retries < 0:
+        raise UsageError("--retries must be 0 or more")
     overrides = list(args.overrides) + ([f"runtime.backend={args.backend}"] if args.backend else [])
     recipe = load_recipe(args.recipe, overrides)
-    cache = resolve_cache(args.cache or recipe.runtime.compile_cache)
+    cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
     backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
     target = args.target if args.target != "auto" else ("neuron" if backend.name == "neuron" else "none")
+    compiler = None
+    if target == "neuron":
+        from neurontrain.compile.neuron import NeuronCompiler
+
+        compiler = NeuronCompiler(cache.local, backend.compiler_flags, workers=args.workers, retries=args.retries)
     plan = make_plan(recipe, backend.name)
-    cache.pull_before()
-    report = precompile(plan, backend, cache.local, target, args.workers, retries=args.retries)
+    from neurontrain.compile.discover import run_plan_id
+
+    cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
+    report = precompile(plan, backend, cache.local, compiler)
     print(report.table(), file=sys.stderr)
     cache.push_after()
     if args.json_file:

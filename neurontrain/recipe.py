@@ -164,7 +164,8 @@ class Recipe(_Strict):
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the computation (used to refuse resuming a different run)."""
-        payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"}})
+        payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"},
+                                                        "runtime": {"compile_cache"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

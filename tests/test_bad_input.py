@@ -145,3 +145,17 @@ def test_fewer_samples_than_one_batch(tmp_path: Path):
     recipe["data"].update(path=str(data), eval_samples=0)
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     assert_one_line_usage_error(run_cli("run", str(tmp_path / "r.yaml"), "--dry-run"), "yields no batch")
+
+
+def test_precompile_and_cache_usage_errors(tmp_path: Path):
+    tiny = str(RECIPES / "tiny-bert-classification.yaml")
+    assert_one_line_usage_error(run_cli("precompile", tiny, "--workers", "0"), "--workers must be at least 1")
+    assert_one_line_usage_error(run_cli("precompile", str(tmp_path / "nope.yaml")), "nope.yaml")
+    assert_one_line_usage_error(run_cli("precompile", tiny, "--cache", "ftp://x/y"), "bad cache URL")
+    no_cc = {"PATH": "/usr/bin:/bin", "NEURONX_CC": ""}
+    assert_one_line_usage_error(run_cli("precompile", tiny, "--target", "neuron", "--cache", str(tmp_path), env=no_cc),
+                                "neuronx-cc not found")
+    assert_one_line_usage_error(run_cli("cache"), "cache needs a command")
+    assert_one_line_usage_error(run_cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)),
+                                "bad duration")
+    assert_one_line_usage_error(run_cli("cache", "status", str(tmp_path / "missing.yaml")), "missing.yaml")

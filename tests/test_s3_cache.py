@@ -1,13 +1,15 @@
 """The s3:// compile cache against a real HTTP S3 endpoint (moto server on 127.0.0.1) through the CLI."""
 
+import hashlib
+import json
 import os
 import random
 import subprocess
 import sys
 
-from conftest import REPO, read_json, run_cli
+import pytest
 
-import json
+from conftest import REPO, read_json, run_cli
 
 
 def _fake_cache(root, seed, n_graphs=5, n_modules=3):
@@ -96,7 +98,6 @@ def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket
     assert _cli("push", "--cache", url, "--local", str(src)).returncode == 0
     neff = next(src.glob("neuronxcc-*/MODULE_*/model.neff"))
     hlo = src / "graphs" / f"{2:032x}" / "model.hlo_module.pb"
-    import hashlib
 
     neff_key = f"c/blobs/{hashlib.sha256(neff.read_bytes()).hexdigest()}"
     hlo_key = f"c/blobs/{hashlib.sha256(hlo.read_bytes()).hexdigest()}"
@@ -151,3 +152,31 @@ def test_bad_urls_missing_buckets_and_credentials_exit_2(tmp_path, s3_server):
     res = subprocess.run([sys.executable, "-m", "neurontrain", "cache", "ls", "--cache", "s3://some-bucket/x"],
                          cwd=REPO, env=no_creds, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no AWS credentials" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_fleet_precompile_once_then_status_and_run_elsewhere(tmp_path, s3_bucket, recipes):
+    """One node precompiles into s3://; another sees the graphs with `cache status` and its run pulls the
+    manifest and checks every graph it compiles against it."""
+    bucket, _ = s3_bucket
+    url = f"s3://{bucket}/fleet"
+    recipe = str(recipes / "tiny-llama-clm.yaml")
+    small = ["--set", "train.max_steps=6", "--set", "checkpoint.every=0", "--set", "train.eval_every=3"]
+    pre = run_cli("precompile", recipe, *small, "--cache", url, "--local", str(tmp_path / "node1"),
+                  "--json", str(tmp_path / "pre.json"), env=dict(os.environ))
+    assert pre.returncode == 0, pre.stderr
+    report = read_json(tmp_path / "pre.json")
+    ids = {g["graph_id"] for g in report["graphs"]}
+    status = run_cli("cache", "status", recipe, *small, "--cache", url, "--local", str(tmp_path / "node2"), "--json",
+                     env=dict(os.environ))
+    assert status.returncode == 0, status.stderr
+    listed = json.loads(status.stdout)
+    assert {g["graph_id"] for g in listed["graphs"]} == ids
+    assert all("remote" in g["hlo"] for g in listed["graphs"])
+    run = run_cli("run", recipe, *small, "--set", f"runtime.compile_cache={url}", "--output-dir", str(tmp_path / "run"),
+                  env={**os.environ, "NEURONTRAIN_CACHE_DIR": str(tmp_path / "node3")})
+    assert run.returncode == 0, run.stderr
+    summary = read_json(tmp_path / "run" / "summary.json")
+    assert summary["checked_against_manifest"] and summary["unexpected_graphs"] == 0
+    assert summary["compile_cache"]["pulled"]["entries"] == 1 + len(ids)
+    assert sorted(p.name for p in (tmp_path / "node3" / "graphs").iterdir()) == sorted(ids)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from neurontrain.compile.store import local_entries, parse_duration, remove_entry, verify_local
 
-DEFAULT_LOCAL = Path("compile_cache")
+def default_local() -> Path:
+    """The local cache that mirrors an s3:// cache: NEURONTRAIN_CACHE_DIR, else compile_cache/ here."""
+    return Path(os.environ.get("NEURONTRAIN_CACHE_DIR") or "compile_cache")
 
 
 def _node_leader() -> bool:
@@ -23,10 +25,25 @@ class Cache:
     local: Path
     remote: "object | None" = None  # S3Store
 
-    def pull_before(self) -> dict | None:
+    def pull_before(self, recipe_name: str, plan_id: str) -> dict | None:
+        """Fetch this plan's manifest, then the graphs and compiled modules it names (not the whole store)."""
         if self.remote is None or not _node_leader():
             return None
-        report = self.remote.pull(self.local)
+        from neurontrain.compile.manifest import load_manifest, manifest_path
+
+        path = manifest_path(self.local, recipe_name, plan_id)
+        wanted = {f"manifests/{path.name}"}
+        report = self.remote.pull(self.local, only=wanted)
+        manifest = load_manifest(path)
+        if manifest is not None:
+            ids = manifest.graph_ids()
+            remote = self.remote.list_entries()
+            wanted = {p for p in remote if (p.startswith("graphs/") and p.split("/")[1] in ids)
+                      or ("/MODULE_" in p and p.split("/MODULE_")[1].split("+")[0] in ids)}
+            more = self.remote.pull(self.local, only=wanted)
+            report.entries += more.entries
+            report.bytes += more.bytes
+            report.refused += more.refused
         _say(f"pulled {report.entries} entries ({report.bytes} bytes) from {self.remote.url}"
              + (f"; refused {len(report.refused)}: " + "; ".join(f"{p['entry']}/{p['file']}: {p['problem']}"
                                                                for p in report.refused) if report.refused else ""))
@@ -50,12 +67,12 @@ def resolve_cache(url: str | None, local: str | None = None, workers: int = 8) -
     if url and url.startswith("s3://"):
         from neurontrain.compile.s3 import S3Store
 
-        return Cache(Path(local) if local else DEFAULT_LOCAL, S3Store(url, workers=workers))
+        return Cache(Path(local) if local else default_local(), S3Store(url, workers=workers))
     if url and "://" in url:
         from neurontrain.errors import UsageError
 
         raise UsageError(f"bad cache URL {url!r} (expected a local directory or s3://bucket/prefix)")
-    return Cache(Path(local or url or DEFAULT_LOCAL))
+    return Cache(Path(local or url) if (local or url) else default_local())
 
 
 def cache_status(recipe, cache: Cache, backend_name: str) -> dict:

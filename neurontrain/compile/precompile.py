@@ -3,12 +3,12 @@ the runtime can reuse compiled graphs (Neuron: neuronx-cc into the Neuron persis
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from neurontrain.backend import Backend
+from neurontrain.compile.neuron import NeuronCompiler
 from neurontrain.compile.manifest import Manifest, manifest_path, save_manifest
 from neurontrain.loop.planning import RunPlan
 
@@ -48,24 +48,20 @@ def _label(key: list) -> str:
     return key[0] if len(key) == 1 else f"{key[0]} {key[1]}"
 
 
-def precompile(plan: RunPlan, backend: Backend, cache_root: Path, target: str, workers: int | None,
-               compiler: str | None = None, retries: int = 2) -> PrecompileReport:
-    """target: "neuron" compiles with neuronx-cc; anything else records the graphs only."""
+def precompile(plan: RunPlan, backend: Backend, cache_root: Path,
+               compiler: "NeuronCompiler | None" = None) -> PrecompileReport:
+    """With a compiler, graphs are compiled with neuronx-cc into the Neuron cache layout; else recorded only."""
     from neurontrain.compile.discover import discover
 
     start = time.perf_counter()
     manifest = discover(plan, backend, cache_root)
     path = manifest_path(cache_root, plan.recipe.name, manifest.plan_id)
     save_manifest(path, manifest)
-    report = PrecompileReport(manifest, path, target, found=len(manifest.graphs))
+    report = PrecompileReport(manifest, path, "neuron" if compiler else "none", found=len(manifest.graphs))
     statuses: dict[str, tuple[str, float]] = {}
-    if target == "neuron":
-        from neurontrain.compile.neuron import NeuronCompiler
-
+    if compiler is not None:
         unique = {g.graph_id: g for g in manifest.graphs}
-        results = NeuronCompiler(cache_root, backend.compiler_flags, compiler=compiler, workers=workers,
-                                 retries=retries).compile_all([(g.graph_id, cache_root / g.hlo_file)
-                                                               for g in unique.values()])
+        results = compiler.compile_all([(g.graph_id, cache_root / g.hlo_file) for g in unique.values()])
         for res in results:
             statuses[res.graph_id] = (res.status, res.seconds)
         report.cached = sum(1 for r in results if r.status == "cached")
@@ -82,6 +78,3 @@ def precompile(plan: RunPlan, backend: Backend, cache_root: Path, target: str, w
     report.seconds = time.perf_counter() - start
     return report
 
-
-def print_report(report: PrecompileReport) -> None:
-    print(report.table(), file=sys.stderr)
