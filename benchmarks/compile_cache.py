@@ -6,7 +6,8 @@ Discovery: `neurontrain precompile` traces every planned graph without executing
 (neuron_parallel_compile's approach) runs the training script for 10 trial steps and collects the graphs it
 happened to meet. Both run in fresh processes on XLA:CPU; seconds are the work itself (from the reports),
 not interpreter start-up. Transfers: a local S3-compatible server (moto, 127.0.0.1) and --entries cache
-entries of 16-256 KiB; push and pull with 1 transfer at a time and with --workers at a time.
+entries of 16-256 KiB; push and pull (in this process, timed around the store calls) with 1 transfer at a
+time and with --workers at a time.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def discovery_vs_trial(recipe: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         # fixed buckets, so the trial run's plan does not change with its step count
-        sets = ["--set", f"runtime.compile_cache={tmp}/cache", "--set", "data.buckets=[32,64,128]",
+        # (a 256 bucket for the rare long reviews: the graphs a short trial run is likely to miss)
+        sets = ["--set", f"runtime.compile_cache={tmp}/cache", "--set", "data.buckets=[32,64,128,256]",
+                "--set", "data.max_length=256", "--set", "model.config.max_position_embeddings=256",
                 "--set", f"train.max_steps={steps}"]
         cli("precompile", recipe, *sets, "--json", f"{tmp}/pre.json")
         report = json.loads(Path(f"{tmp}/pre.json").read_text())
         manifest = json.loads(Path(report["manifest"]).read_text())
-        trial_sets = sets[:4] + ["--set", "train.max_steps=10", "--set", "checkpoint.every=0",
+        trial_sets = sets[:8] + ["--set", "train.max_steps=10", "--set", "train.schedule.warmup_steps=2", "--set", "checkpoint.every=0",
                                  "--set", "checkpoint.save_final=false"]
         cli("run", recipe, *trial_sets, "--output-dir", f"{tmp}/trial")
         trial = json.loads(Path(f"{tmp}/trial/summary.json").read_text())
@@ -95,13 +98,17 @@ def transfers(entries: int, workers: int) -> dict:
             src = Path(tmp) / "src"
             size = fake_cache(src, entries)
             out["bytes"] = size
+            os.environ.update(env)
+            from neurontrain.compile.s3 import S3Store
+
             for label, n in (("one_at_a_time", 1), ("parallel", workers)):
-                url = f"s3://bench/{label}"
+                store = S3Store(f"s3://bench/{label}", workers=n)
+                store.check()
                 t0 = time.perf_counter()
-                cli("cache", "push", "--cache", url, "--local", str(src), "--workers", str(n), env=env)
+                assert store.push(src).entries == entries
                 push = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                cli("cache", "pull", "--cache", url, "--local", f"{tmp}/{label}", "--workers", str(n), env=env)
+                assert store.pull(Path(tmp) / label).entries == entries
                 pull = time.perf_counter() - t0
                 out[label] = {"workers": n, "push_seconds": round(push, 2), "pull_seconds": round(pull, 2),
                               "push_entries_per_second": round(entries / push, 1),
