@@ -69,6 +69,28 @@ def _build_parser() -> argparse.ArgumentParser:
     cache_cmd("prune", "remove entries older than a duration").add_argument(
         "--older-than", required=True, help="e.g. 30d, 12h, 45m")
 
+    ckpt = sub.add_parser("checkpoint", help="migrate and verify checkpoints between GPU and Trainium layouts")
+    ksub = ckpt.add_subparsers(dest="checkpoint_command", parser_class=_Parser)
+    mig = ksub.add_parser("migrate", help="convert SRC to DST (HF/torch/FSDP/DCP <-> NxD per-rank shards)")
+    mig.add_argument("src")
+    mig.add_argument("dst")
+    mig.add_argument("--to", required=True, choices=["neuron", "gpu"])
+    mig.add_argument("--tp", type=int, help="tensor-parallel degree (neuron side)")
+    mig.add_argument("--pp", type=int, help="pipeline-parallel degree (neuron side)")
+    mig.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], help="cast floating-point tensors")
+    mig.add_argument("--fuse-qkv", action="store_true", help="fuse q/k/v into one qkv_proj.weight_qkv per rank")
+    mig.add_argument("--with-optimizer", action="store_true", help="also migrate AdamW moments")
+    mig.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
+    mig.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    mig.add_argument("--max-shard-size", type=int, default=2048, help="MiB per safetensors file (--to gpu)")
+    ver = ksub.add_parser("verify", help="compare two checkpoints tensor by tensor (any formats)")
+    ver.add_argument("a")
+    ver.add_argument("b")
+    ver.add_argument("--atol", type=float, default=0.0, help="tolerated max abs difference (default: bit-identical)")
+    ver.add_argument("--logits", metavar="RECIPE_OR_CONFIG", help="also compare model outputs on a sample input")
+    ver.add_argument("--config", help="Hugging Face config for sources without one")
+    ver.add_argument("--json", action="store_true")
+
     env = sub.add_parser("env", help="print the backend, devices and package versions")
     env.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
     env.add_argument("--json", action="store_true", help="JSON output")
@@ -209,6 +231,48 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    if args.checkpoint_command is None:
+        raise UsageError("checkpoint needs a command: migrate, verify")
+    if args.checkpoint_command == "migrate":
+        from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+
+        for flag in ("tp", "pp"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise UsageError(f"--{flag} must be at least 1")
+        if args.max_shard_size < 1:
+            raise UsageError("--max-shard-size must be at least 1 (MiB)")
+        opts = MigrateOptions(args.to, args.tp, args.pp, args.dtype, args.fuse_qkv, args.with_optimizer,
+                              args.overwrite, Path(args.config) if args.config else None, args.max_shard_size << 20)
+        print(json.dumps(migrate(Path(args.src), Path(args.dst), opts)))
+        return 0
+    from neurontrain.checkpoint.migrate import open_checkpoint
+    from neurontrain.checkpoint.verify import compare, config_for_logits, logits_diff
+
+    config = Path(args.config) if args.config else None
+    a, b = open_checkpoint(Path(args.a), config), open_checkpoint(Path(args.b), config)
+    result = compare(a, b, args.atol)
+    if args.logits:
+        result["logits_max_abs_diff"] = logits_diff(a, b, config_for_logits(Path(args.logits), a, b))
+        result["equal"] = result["equal"] and result["logits_max_abs_diff"] <= max(args.atol, 1e-5)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['tensors']} tensors compared, max abs diff {result['max_abs_diff']:.3g}, "
+              f"missing in B {len(result['missing_in_b'])}, extra in B {len(result['extra_in_b'])}, "
+              f"differing {len(result['differing'])}"
+              + (f", logits max abs diff {result['logits_max_abs_diff']:.3g}" if args.logits else "")
+              + (": EQUAL" if result["equal"] else ": DIFFERENT"))
+        for row in result["differing"][:20]:
+            print(f"  {row['name']}: {row['status']} {row['shape_a']}/{row['shape_b']} "
+                  f"{row['dtype_a']}/{row['dtype_b']} {row.get('max_abs_diff', '')}")
+        for name in result["missing_in_b"][:20]:
+            print(f"  {name}: missing in B")
+        for name in result["extra_in_b"][:20]:
+            print(f"  {name}: extra in B")
+    return 0 if result["equal"] else 1
+
+
 def _cmd_env(args: argparse.Namespace) -> int:
     from neurontrain.backend import package_versions, select_backend
 
@@ -237,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         handler = {"run": _cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
-                   "cache": _cmd_cache}[args.command]
+                   "cache": _cmd_cache, "checkpoint": _cmd_checkpoint}[args.command]
         return handler(args)
     except NeurontrainError as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)

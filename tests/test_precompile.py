@@ -88,7 +88,7 @@ def test_neuron_target_with_the_standin_compiler(tmp_path, recipes):
     assert "already cached" in first.stderr and "compiled" in first.stderr
     modules = sorted(p.name for p in cache.glob("neuronxcc-*/MODULE_*"))
     assert modules == sorted(f"MODULE_{g['graph_id']}+d41d8cd9" for g in a["graphs"])
-    second = run_cli("precompile", *args, "--json", str(tmp_path / "b.json"), env=env)
+    run_cli("precompile", *args, "--json", str(tmp_path / "b.json"), env=env)
     assert read_json(tmp_path / "b.json")["already_cached"] == a["graphs_found"]
     # a graph the compiler rejects: reported, exit 1
     cache2 = tmp_path / "cache2"

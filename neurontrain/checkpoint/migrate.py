@@ -1,0 +1,245 @@
+"""`neurontrain checkpoint migrate`: GPU checkpoints <-> Neuron (NxD) per-rank shards, streaming.
+
+Tensors are read one at a time and each output file is written before the next one is built, so peak
+memory stays near the largest output file. The destination is built in a temporary sibling directory and
+renamed into place when complete; an existing destination is refused unless overwrite is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from neurontrain.checkpoint.formats import TensorSource, open_gpu_checkpoint
+from neurontrain.checkpoint.nxd import (SPEC_FILE, NxdReader, fused_groups, is_nxd_checkpoint, rank_file,
+                                        rank_tensors, stage_names)
+from neurontrain.checkpoint.rules import ShardingSpec
+from neurontrain.errors import UsageError
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+@dataclass
+class MigrateOptions:
+    to: str                      # neuron | gpu
+    tp: int | None = None
+    pp: int | None = None
+    dtype: str | None = None
+    fuse_qkv: bool = False
+    with_optimizer: bool = False
+    overwrite: bool = False
+    config: Path | None = None
+    max_shard_bytes: int = 2 << 30
+
+
+def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
+    """Any supported checkpoint, as full tensors under Hugging Face names."""
+    if not path.exists():
+        raise UsageError(f"{path} does not exist")
+    if is_nxd_checkpoint(path):
+        return NxdReader(path)
+    if path.is_dir() and (path / "state.pt").is_file():           # a toolkit training checkpoint
+        return open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
+    if path.is_dir() and (path / "checkpoints").is_dir():           # a run's output directory: its newest checkpoint
+        from neurontrain.checkpoint.training import latest_checkpoint
+
+        latest = latest_checkpoint(path / "checkpoints")
+        if latest is None:
+            raise UsageError(f"{path}/checkpoints holds no complete checkpoint")
+        return open_gpu_checkpoint(latest / "state.pt", config or _toolkit_config(latest))
+    return open_gpu_checkpoint(path, config)
+
+
+def _toolkit_config(checkpoint_dir: Path) -> Path | None:
+    for candidate in (checkpoint_dir.parent.parent / "model", checkpoint_dir / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def spec_from_config(config: dict | None, names: list[str], tp: int, pp: int, fuse_qkv: bool,
+                     dtype: str | None) -> ShardingSpec:
+    if config is None:
+        raise UsageError("no model config.json found beside the checkpoint: pass --config with the Hugging Face "
+                         "config (a directory or a config.json)")
+    family = config.get("model_type", "")
+    heads = config.get("num_attention_heads")
+    if not heads or "hidden_size" not in config:
+        raise UsageError("the model config lacks num_attention_heads or hidden_size")
+    kv = config.get("num_key_value_heads") or heads
+    layers = config.get("num_hidden_layers", 0)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    tied = bool(config.get("tie_word_embeddings", family != "bert")) and not any(n.endswith("lm_head.weight")
+                                                                                for n in names)
+    spec = ShardingSpec(family=family, tp=tp, pp=pp, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+                        head_dim=head_dim, vocab_size=config.get("vocab_size", 0), fuse_qkv=fuse_qkv,
+                        tied_embeddings=tied, dtype=dtype, names=list(names))
+    spec.validate()
+    return spec
+
+
+@contextmanager
+def staged_destination(dest: Path, overwrite: bool) -> Iterator[Path]:
+    """A temporary sibling directory that becomes `dest` only when the body completes."""
+    if dest.exists() and not overwrite:
+        raise UsageError(f"{dest} exists (use --overwrite to replace it)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        yield staging
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(dest, old)
+            os.rename(staging, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _cast(dtype: str | None):
+    target = DTYPES[dtype] if dtype else None
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(target) if target is not None and t.is_floating_point() else t
+    return cast
+
+
+def tqdm_iter(items: list, desc: str):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="tensor", disable=None, file=sys.stderr)
+
+
+def _progress(total: int, desc: str):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="file", disable=None, file=sys.stderr)
+
+
+def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
+    names = source.keys()
+    spec = spec_from_config(source.config, names, opts.tp or 1, opts.pp or 1, opts.fuse_qkv, opts.dtype)
+    optimizer = source.optimizer_state() if opts.with_optimizer else None
+    if opts.with_optimizer and optimizer is None:
+        raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
+    cast = _cast(opts.dtype)
+    files = 0
+    with staged_destination(dest, opts.overwrite) as out:
+        (out / "model").mkdir()
+        if optimizer is not None:
+            (out / "optim").mkdir()
+        with _progress(spec.tp * spec.pp * (2 if optimizer else 1), "migrate") as bar:
+            for pp in range(spec.pp):
+                stage = stage_names(spec, pp)
+                for tp in range(spec.tp):
+                    torch.save(rank_tensors(spec, source.get, stage, tp, cast), out / "model" / rank_file(tp, pp))
+                    files += 1
+                    bar.update(1)
+                    if optimizer is not None:
+                        torch.save(_optimizer_shard(spec, optimizer, stage, tp), out / "optim" / rank_file(tp, pp))
+                        files += 1
+                        bar.update(1)
+        (out / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1))
+        if source.config is not None:
+            (out / "config.json").write_text(json.dumps(source.config, indent=2))
+        (out / "done").touch()
+    return {"to": "neuron", "tp": spec.tp, "pp": spec.pp, "files": files, "tensors": len(names),
+            "optimizer": optimizer is not None, "destination": str(dest)}
+
+
+def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: int) -> dict:
+    missing = [n for n in names if n not in optimizer]
+    if missing:
+        raise UsageError(f"optimizer state lacks parameter {missing[0]}")
+    out = {}
+    for moment in ("exp_avg", "exp_avg_sq"):
+        for target, tensor in rank_tensors(spec, lambda n: optimizer[n][moment], names, tp, lambda t: t).items():
+            out.setdefault(target, {})[moment] = tensor
+    for target, members in fused_groups(spec, names).items():
+        out[target]["step"] = torch.as_tensor(optimizer[members[0][0]].get("step", 0.0)).clone()
+    return out
+
+
+def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
+    """Hugging Face safetensors (sharded with an index above max_shard_bytes), config.json, and with
+    --with-optimizer an optimizer.pt whose param_groups carry the parameter names."""
+    from safetensors.torch import save_file
+
+    if isinstance(source, NxdReader):
+        if opts.tp is not None and opts.tp != source.spec.tp:
+            raise UsageError(f"--tp {opts.tp} does not match the checkpoint, which is sharded tp {source.spec.tp}")
+        if opts.pp is not None and opts.pp != source.spec.pp:
+            raise UsageError(f"--pp {opts.pp} does not match the checkpoint, which is sharded pp {source.spec.pp}")
+    optimizer = source.optimizer_state() if opts.with_optimizer else None
+    if opts.with_optimizer and optimizer is None:
+        raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
+    cast = _cast(opts.dtype)
+    names = source.keys()
+    weight_map: dict[str, int] = {}
+    sizes: list[int] = []
+    with staged_destination(dest, opts.overwrite) as out:
+        # one read per tensor: a file is written as soon as the next tensor would overflow it, under a
+        # numbered temporary name; the final names (model-0000i-of-0000n) are known at the end
+        pending: dict[str, torch.Tensor] = {}
+        pending_bytes = 0
+
+        def flush() -> None:
+            nonlocal pending, pending_bytes
+            save_file(pending, str(out / f".part-{len(sizes):05d}"), metadata={"format": "pt"})
+            weight_map.update({n: len(sizes) for n in pending})
+            sizes.append(pending_bytes)
+            pending, pending_bytes = {}, 0
+
+        for name in tqdm_iter(names, "migrate"):
+            tensor = cast(source.get(name)).contiguous()
+            nbytes = tensor.numel() * tensor.element_size()
+            if pending and pending_bytes + nbytes > opts.max_shard_bytes:
+                flush()
+            pending[name] = tensor
+            pending_bytes += nbytes
+        if pending:
+            flush()
+        n = len(sizes)
+        final = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        for i, fname in enumerate(final):
+            os.rename(out / f".part-{i:05d}", out / fname)
+        if n > 1:
+            (out / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": sum(sizes)}, "weight_map": {k: final[v] for k, v in weight_map.items()}},
+                indent=2))
+        if source.config is not None:
+            (out / "config.json").write_text(json.dumps(source.config, indent=2))
+        if optimizer is not None:
+            ordered = [n for n in names if n in optimizer]
+            torch.save({"state": {i: optimizer[n] for i, n in enumerate(ordered)},
+                        "param_groups": [{"params": list(range(len(ordered))), "param_names": ordered}]},
+                       out / "optimizer.pt")
+    return {"to": "gpu", "files": len(sizes), "tensors": len(names), "optimizer": optimizer is not None,
+            "destination": str(dest)}
+
+
+def migrate(src: Path, dest: Path, opts: MigrateOptions) -> dict:
+    if opts.to not in ("neuron", "gpu"):
+        raise UsageError("--to must be neuron or gpu")
+    if opts.dtype is not None and opts.dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if dest.resolve() == src.resolve():
+        raise UsageError("the destination is the source")
+    source = open_checkpoint(src, opts.config)
+    return to_neuron(source, dest, opts) if opts.to == "neuron" else to_gpu(source, dest, opts)

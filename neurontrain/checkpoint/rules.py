@@ -1,0 +1,216 @@
+"""Tensor-parallel and pipeline-parallel sharding rules, as data, and the pure functions that apply them.
+
+A model family is a list of (pattern, rule) pairs over Hugging Face parameter names; the first match wins.
+Rules:
+  replicate   every TP rank holds the whole tensor
+  vocab       split on dim 0 (embeddings, lm_head: vocabulary-parallel)
+  column      split on dim 0 (column-parallel weights and their biases)
+  row         split on dim 1 (row-parallel weights; their biases are replicated)
+  q / k / v   attention projections, split by heads with GQA awareness (see below); may be fused
+  o           attention output, split on dim 1 by the query heads each rank holds
+  gate / up   MLP projections, column-parallel and concatenated per rank into `gate_up_proj`
+
+GQA (Neuron's layout): with TP > KV heads, M = TP / KV copies of each KV head are made (`full.repeat(M, 1)`)
+so rank r holds KV head r mod KV, and the query heads are permuted so each rank holds the query heads that
+use its KV head under Hugging Face's grouping (and o_proj's matching columns). With TP <= KV heads, heads
+are split contiguously and no permutation is needed. Merging keeps the first copy of each KV head.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from neurontrain.errors import UsageError
+
+LLAMA_RULES: list[tuple[str, str]] = [
+    (r"(^|\.)embed_tokens\.weight$", "vocab"),
+    (r"(^|\.)lm_head\.weight$", "vocab"),
+    (r"\.self_attn\.q_proj\.weight$", "q"),
+    (r"\.self_attn\.k_proj\.weight$", "k"),
+    (r"\.self_attn\.v_proj\.weight$", "v"),
+    (r"\.self_attn\.o_proj\.weight$", "o"),
+    (r"\.mlp\.gate_proj\.weight$", "gate"),
+    (r"\.mlp\.up_proj\.weight$", "up"),
+    (r"\.mlp\.down_proj\.weight$", "row"),
+    (r"norm\.weight$", "replicate"),
+]
+
+BERT_RULES: list[tuple[str, str]] = [
+    (r"embeddings\.word_embeddings\.weight$", "vocab"),
+    (r"embeddings\.(position_embeddings|token_type_embeddings)\.weight$", "replicate"),
+    (r"attention\.self\.(query|key|value)\.(weight|bias)$", "column"),
+    (r"attention\.output\.dense\.weight$", "row"),
+    (r"intermediate\.dense\.(weight|bias)$", "column"),
+    (r"layer\.\d+\.output\.dense\.weight$", "row"),
+    (r"LayerNorm\.(weight|bias)$", "replicate"),
+    (r"(attention\.output|layer\.\d+\.output)\.dense\.bias$", "replicate"),
+    (r"(pooler|classifier|cls)\..*$", "replicate"),
+]
+
+FAMILIES = {"llama": LLAMA_RULES, "mistral": LLAMA_RULES, "qwen2": LLAMA_RULES, "bert": BERT_RULES}
+_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """Everything needed to shard and to merge back; written beside the shards as JSON."""
+
+    family: str
+    tp: int
+    pp: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    fuse_qkv: bool = False
+    tied_embeddings: bool = False
+    dtype: str | None = None
+    names: list[str] = field(default_factory=list)  # the source's parameter names, in order
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ShardingSpec":
+        return cls(**data)
+
+    @property
+    def kv_multiplier(self) -> int:
+        return self.tp // self.num_kv_heads if self.tp > self.num_kv_heads else 1
+
+    def validate(self) -> None:
+        if self.family not in FAMILIES:
+            raise UsageError(f"no sharding rules for model type {self.family!r} (known: {', '.join(sorted(FAMILIES))})")
+        if self.tp < 1 or self.pp < 1:
+            raise UsageError("--tp and --pp must be at least 1")
+        if self.vocab_size % self.tp:
+            raise UsageError(f"vocabulary size {self.vocab_size} is not divisible by --tp {self.tp}")
+        if self.num_heads % self.tp:
+            raise UsageError(f"{self.num_heads} attention heads are not divisible by --tp {self.tp}")
+        if self.tp > self.num_kv_heads and self.tp % self.num_kv_heads:
+            raise UsageError(f"--tp {self.tp} is not a multiple of the {self.num_kv_heads} KV heads")
+        if self.tp <= self.num_kv_heads and self.num_kv_heads % self.tp:
+            raise UsageError(f"{self.num_kv_heads} KV heads are not divisible by --tp {self.tp}")
+        if self.pp > self.num_layers:
+            raise UsageError(f"--pp {self.pp} is more than the {self.num_layers} layers")
+        if self.fuse_qkv and self.family == "bert":
+            raise UsageError("--fuse-qkv applies to decoder (Llama-style) models only")
+
+
+def rule_for(spec: ShardingSpec, name: str) -> str:
+    for pattern, rule in FAMILIES[spec.family]:
+        if re.search(pattern, name):
+            return rule
+    raise UsageError(f"no sharding rule for tensor {name!r} ({spec.family})")
+
+
+def stage_of(spec: ShardingSpec, name: str) -> int:
+    """Pipeline stage holding a parameter: layers split contiguously (earlier stages take the remainder);
+    everything before the first layer on stage 0, everything after the last on the last stage."""
+    m = _LAYER.search("." + name)
+    if m:
+        layer = int(m.group(1))
+        base, extra = divmod(spec.num_layers, spec.pp)
+        bound = 0
+        for stage in range(spec.pp):
+            bound += base + (1 if stage < extra else 0)
+            if layer < bound:
+                return stage
+        return spec.pp - 1
+    late = ("lm_head", "pooler", "classifier", "cls.", "model.norm", "final_layer_norm")
+    return spec.pp - 1 if any(name.startswith(p) or f".{p}" in name for p in late) or name == "norm.weight" else 0
+
+
+# -- heads --------------------------------------------------------------------------------------------------
+
+def query_heads_of_rank(spec: ShardingSpec, rank: int) -> list[int]:
+    per_rank = spec.num_heads // spec.tp
+    if spec.tp <= spec.num_kv_heads:
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    group = spec.num_heads // spec.num_kv_heads          # query heads per KV head in HF grouping
+    kv = rank % spec.num_kv_heads
+    copy = rank // spec.num_kv_heads                      # which of the M ranks sharing this KV head
+    start = kv * group + copy * per_rank
+    return list(range(start, start + per_rank))
+
+
+def kv_heads_of_rank(spec: ShardingSpec, rank: int) -> list[int]:
+    if spec.tp <= spec.num_kv_heads:
+        per_rank = spec.num_kv_heads // spec.tp
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    return [rank % spec.num_kv_heads]
+
+
+def _rows_of_heads(heads: list[int], head_dim: int) -> torch.Tensor:
+    return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in heads])
+
+
+def neuron_name(spec: ShardingSpec, name: str, rule: str) -> str:
+    """The tensor's name in the Neuron (NxD) layout."""
+    if rule in ("q", "k", "v"):
+        prefix = name.rsplit(".", 2)[0]  # ...self_attn
+        return f"{prefix}.qkv_proj.weight_qkv" if spec.fuse_qkv else f"{prefix}.qkv_proj.weight_{rule}"
+    if rule in ("gate", "up"):
+        return name.rsplit(".", 2)[0] + ".gate_up_proj.weight"
+    return name
+
+
+def shard(spec: ShardingSpec, rule: str, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s piece of a full tensor (q/k/v/gate/up pieces are fused by the caller)."""
+    tp = spec.tp
+    if rule == "replicate":
+        return tensor
+    if rule in ("vocab", "column", "gate", "up"):
+        return tensor.chunk(tp, dim=0)[rank] if tensor.shape[0] % tp == 0 else _indivisible(tensor, 0, tp)
+    if rule == "row":
+        return tensor.chunk(tp, dim=1)[rank] if tensor.shape[1] % tp == 0 else _indivisible(tensor, 1, tp)
+    if rule == "q":
+        return tensor.index_select(0, _rows_of_heads(query_heads_of_rank(spec, rank), spec.head_dim))
+    if rule in ("k", "v"):
+        return tensor.index_select(0, _rows_of_heads(kv_heads_of_rank(spec, rank), spec.head_dim))
+    if rule == "o":
+        return tensor.index_select(1, _rows_of_heads(query_heads_of_rank(spec, rank), spec.head_dim))
+    raise ValueError(rule)
+
+
+def _indivisible(tensor: torch.Tensor, dim: int, tp: int):
+    raise UsageError(f"a tensor of shape {tuple(tensor.shape)} cannot be split {tp} ways on dim {dim}")
+
+
+def merge(spec: ShardingSpec, rule: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Inverse of `shard`: the full tensor from every rank's piece, in rank order."""
+    if rule == "replicate":
+        return pieces[0]
+    if rule in ("vocab", "column", "gate", "up"):
+        return torch.cat(pieces, dim=0)
+    if rule == "row":
+        return torch.cat(pieces, dim=1)
+    if rule in ("q", "o"):
+        dim = 0 if rule == "q" else 1
+        n_heads = spec.num_heads
+        shape = list(pieces[0].shape)
+        shape[dim] = n_heads * spec.head_dim
+        out = torch.empty(shape, dtype=pieces[0].dtype)
+        for rank, piece in enumerate(pieces):
+            out.index_copy_(dim, _rows_of_heads(query_heads_of_rank(spec, rank), spec.head_dim), piece)
+        return out
+    if rule in ("k", "v"):
+        if spec.tp <= spec.num_kv_heads:
+            return torch.cat(pieces, dim=0)
+        return torch.cat(pieces[: spec.num_kv_heads], dim=0)  # rank r < KV holds head r: the first copies
+    raise ValueError(rule)
+
+
+def split_fused(spec: ShardingSpec, kind: str, fused: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A rank's fused tensor back into its parts: qkv -> q, k, v; gate_up -> gate, up."""
+    if kind == "qkv":
+        q_rows = spec.num_heads // spec.tp * spec.head_dim
+        kv_rows = len(kv_heads_of_rank(spec, 0)) * spec.head_dim
+        q, k, v = torch.split(fused, [q_rows, kv_rows, kv_rows], dim=0)
+        return {"q": q, "k": k, "v": v}
+    gate, up = fused.chunk(2, dim=0)
+    return {"gate": gate, "up": up}

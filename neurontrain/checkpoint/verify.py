@@ -1,0 +1,88 @@
+"""`neurontrain checkpoint verify A B`: tensor-by-tensor comparison of two checkpoints in any supported format,
+and optionally the two models' logits on the same sample input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from neurontrain.checkpoint.formats import TensorSource
+
+
+def compare(a: TensorSource, b: TensorSource, atol: float = 0.0) -> dict:
+    keys_a, keys_b = set(a.keys()), set(b.keys())
+    rows, worst = [], 0.0
+    for name in sorted(keys_a & keys_b):
+        ta, tb = a.get(name), b.get(name)
+        row = {"name": name, "shape_a": list(ta.shape), "shape_b": list(tb.shape), "dtype_a": str(ta.dtype).split(".")[-1],
+               "dtype_b": str(tb.dtype).split(".")[-1]}
+        if ta.shape != tb.shape:
+            row["status"] = "shape differs"
+        else:
+            diff = (ta.double() - tb.double()).abs().max().item() if ta.numel() else 0.0
+            row["max_abs_diff"] = diff
+            worst = max(worst, diff)
+            row["status"] = ("identical" if diff == 0 and ta.dtype == tb.dtype else
+                             "dtype differs" if ta.dtype != tb.dtype and diff <= atol else
+                             "within tolerance" if diff <= atol else "differs")
+        rows.append(row)
+    ok_states = {"identical", "within tolerance", "dtype differs"} if atol > 0 else {"identical"}
+    return {"a": a.description, "b": b.description, "tensors": len(rows), "missing_in_b": sorted(keys_a - keys_b),
+            "extra_in_b": sorted(keys_b - keys_a), "max_abs_diff": worst,
+            "differing": [r for r in rows if r["status"] not in ok_states],
+            "equal": not (keys_a ^ keys_b) and all(r["status"] in ok_states for r in rows)}
+
+
+def _model_from_config(config: dict) -> torch.nn.Module:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("transformers_version",)})
+    arch = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        cls = transformers.AutoModelForCausalLM if cfg.model_type != "bert" else transformers.AutoModel
+        return cls.from_config(cfg)
+    return cls(cfg)
+
+
+def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -> float:
+    """Max abs difference of the two models' outputs (fp32, eval mode) on a seeded random batch."""
+    outputs = []
+    torch.manual_seed(seed)
+    ids = torch.randint(0, config.get("vocab_size", 100), (2, 16))
+    for source in (a, b):
+        model = _model_from_config(config).float().eval()
+        state = {n: source.get(n).float() for n in source.keys()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if config.get("tie_word_embeddings", True) else set()
+        real_missing = [m for m in missing if m not in tied]
+        if real_missing or unexpected:
+            raise ValueError(f"{source.description} does not fit the model: missing {real_missing[:3]}, "
+                             f"unexpected {unexpected[:3]}")
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
+        with torch.no_grad():
+            out = model(input_ids=ids)
+        outputs.append(out.logits if hasattr(out, "logits") else out.last_hidden_state)
+    return (outputs[0] - outputs[1]).abs().max().item()
+
+
+def config_for_logits(path: Path, a: TensorSource, b: TensorSource) -> dict:
+    import json
+
+    from neurontrain.errors import UsageError
+
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix in (".yaml", ".yml"):
+        from neurontrain.loop.planning import make_plan
+        from neurontrain.recipe import load_recipe
+
+        return make_plan(load_recipe(path, []), "eager").config.to_dict()
+    if path.is_file():
+        return json.loads(path.read_text())
+    config = a.config or b.config
+    if config is None:
+        raise UsageError(f"--logits {path}: not a recipe, config directory or config.json")
+    return config
