@@ -32,6 +32,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"],
                      help="override runtime.backend; eager = plain PyTorch (the GPU-style reference)")
     run.add_argument("--dry-run", action="store_true", help="validate and print the plan; do not train")
+    run.add_argument("--no-preflight", action="store_true", help="skip the health check before training")
 
     pre = sub.add_parser("precompile", help="discover a recipe's graphs and compile them ahead of time")
     pre.add_argument("recipe", help="YAML recipe")
@@ -91,6 +92,21 @@ def _build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--config", help="Hugging Face config for sources without one")
     ver.add_argument("--json", action="store_true")
 
+    health = sub.add_parser("health", help="device and collective checks across workers; exit 3 on failure")
+    health.add_argument("--nproc-per-node", type=int, default=2)
+    health.add_argument("--nnodes", type=int, default=1)
+    health.add_argument("--node-rank", type=int, default=0)
+    health.add_argument("--master-addr", default="127.0.0.1")
+    health.add_argument("--master-port", type=int)
+    health.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole check (default 60)")
+    health.add_argument("--sizes", default="1K,64K,1M", help="collective sizes in bytes (K/M suffixes)")
+    health.add_argument("--iters", type=int, default=10)
+    health.add_argument("--min-busbw", type=float, help="fail when the largest size's busbw (GB/s) is below this")
+    health.add_argument("--expect-devices", type=int, help="devices each worker must see")
+    health.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
+    health.add_argument("--json", dest="json_file", help="write every figure to this file")
+    health.add_argument("--work-dir", help="where workers write their progress (default: a temporary directory)")
+
     env = sub.add_parser("env", help="print the backend, devices and package versions")
     env.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
     env.add_argument("--json", action="store_true", help="JSON output")
@@ -116,6 +132,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(plan.describe(), indent=2))
         return 0
     backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
+    if recipe.runtime.preflight and not args.no_preflight:
+        _preflight(backend, recipe)
     plan = make_plan(recipe, backend.name)
     described = plan.describe()
     print(f"neurontrain: {recipe.name} on {backend.name}: {recipe.train.max_steps} steps, buckets "
@@ -273,6 +291,59 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0 if result["equal"] else 1
 
 
+def _preflight(backend, recipe) -> None:
+    """Device checks before any training step; a scheduler retries elsewhere on exit 3."""
+    from neurontrain.errors import HealthCheckFailed
+    from neurontrain.health.worker import device_checks
+
+    t0 = time.perf_counter()
+    results = device_checks(backend, recipe.runtime.expected_devices)
+    failed = [r for r in results if not r["ok"]]
+    if failed:
+        raise HealthCheckFailed(f"preflight failed on {backend.name}: {failed[0]['check']}: {failed[0]['problem']} "
+                                "(skip with --no-preflight or runtime.preflight: false)")
+    print(f"neurontrain: preflight ok ({len(results)} device checks, {time.perf_counter() - t0:.1f} s)",
+          file=sys.stderr)
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        value = int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise UsageError(f"bad size {text!r} in --sizes (use e.g. 1K,64K,1M)") from None
+    if value < 4:
+        raise UsageError(f"size {text!r} in --sizes is below 4 bytes")
+    return value
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    from neurontrain.errors import HealthCheckFailed
+    from neurontrain.health.runner import HealthOptions, format_table, run_health
+
+    for flag in ("nproc_per_node", "nnodes", "iters"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise UsageError("--node-rank must be between 0 and --nnodes - 1")
+    opts = HealthOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
+                         args.timeout, [_parse_size(x) for x in args.sizes.split(",")], args.iters, args.backend,
+                         args.expect_devices, args.min_busbw, Path(args.work_dir) if args.work_dir else None)
+    result = run_health(opts)
+    print(format_table(result), file=sys.stderr)
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(result, indent=2))
+    if not result["ok"]:
+        first = result["bad_ranks"][0] if result["bad_ranks"] else {"rank": "?", "host": "?", "check": "-",
+                                                                     "problem": "below the busbw threshold"}
+        raise HealthCheckFailed(f"health check failed: rank {first['rank']} on {first['host']}: {first['problem']} "
+                                f"({first['check']})")
+    return 0
+
+
 def _cmd_env(args: argparse.Namespace) -> int:
     from neurontrain.backend import package_versions, select_backend
 
@@ -301,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         handler = {"run": _cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
-                   "cache": _cmd_cache, "checkpoint": _cmd_checkpoint}[args.command]
+                   "cache": _cmd_cache, "checkpoint": _cmd_checkpoint, "health": _cmd_health}[args.command]
         return handler(args)
     except NeurontrainError as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)

@@ -139,6 +139,8 @@ class RuntimeSpec(_Strict):
     backend: BackendName = "auto"
     loader: Literal["mp_device_loader", "simple"] = "mp_device_loader"
     compile_cache: str = "compile_cache"
+    preflight: bool = True          # device checks (and, with several workers, collectives) before training
+    expected_devices: int | None = Field(None, ge=1)  # devices each worker must see; checked by preflight
     compiler_flags: list[str] = []
 
 
@@ -165,7 +167,7 @@ class Recipe(_Strict):
     def fingerprint(self) -> str:
         """Hash of everything that changes the computation (used to refuse resuming a different run)."""
         payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"},
-                                                        "runtime": {"compile_cache"}})
+                                                        "runtime": {"compile_cache", "preflight", "expected_devices"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

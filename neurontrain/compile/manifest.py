@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -67,17 +65,9 @@ def manifest_path(cache_root: Path, recipe_name: str, plan: str) -> Path:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from neurontrain.compile.store import write_file_atomic
+
+    write_file_atomic(path, json.dumps(data, indent=2).encode())
 
 
 def save_manifest(path: Path, manifest: Manifest) -> None:

@@ -1,0 +1,212 @@
+"""`neurontrain health`: start the workers through torchrun, watch their heartbeats under a deadline, name
+the rank that hangs, dies or returns wrong data, and leave no process behind. Exit 3 on any failure.
+
+On a Neuron host it also runs `neuron-ls --json-output`, reads the uncorrected-ECC counters from sysfs and
+runs `nccom-test ... --check` for each collective (only there: the tools exist only on Neuron hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neurontrain.health.parsers import NCCOM_OP, OPS, parse_neuron_ls, parse_nccom_test, read_ecc, verdict
+
+STALL_SECONDS = 3.0
+
+
+@dataclass
+class HealthOptions:
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    timeout: float = 60.0
+    sizes: list[int] = field(default_factory=lambda: [1024, 65536, 1048576])
+    iters: int = 10
+    backend: str = "auto"
+    expect_devices: int | None = None
+    min_busbw_gibps: float | None = None
+    work_dir: Path | None = None
+    neuron_tools: bool | None = None  # None: when neuron-ls is on PATH
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _proc_state(pid: int) -> str:
+    """R/S/D (running or waiting), T (stopped, e.g. SIGSTOP), Z or "" (dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _proc_state(pid) not in ("", "Z", "X")
+
+
+def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)  # also ends stopped (SIGSTOP) processes
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.time() + 5  # the workers are torchrun's children: wait until the kernel has reaped them
+    while time.time() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+def run_health(opts: HealthOptions) -> dict:
+    start = time.time()
+    work = Path(opts.work_dir or tempfile.mkdtemp(prefix="neurontrain-health-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for old in work.glob("rank*.json"):
+        old.unlink()
+    world = opts.nproc_per_node * opts.nnodes
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}",
+           f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}", f"--master-addr={opts.master_addr}",
+           f"--master-port={opts.master_port or _free_port()}", "--max-restarts=0", "--monitor-interval=0.2",
+           "-m", "neurontrain.health.worker", "--work-dir", str(work), "--sizes", ",".join(map(str, opts.sizes)),
+           "--iters", str(opts.iters), "--timeout", str(opts.timeout), "--backend", opts.backend]
+    if opts.expect_devices is not None:
+        cmd += ["--expect-devices", str(opts.expect_devices)]
+    log = open(work / "torchrun.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    local = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
+    deadline = start + opts.timeout
+    stalled: dict[int, str] = {}
+    stopped_since: dict[int, float] = {}
+    timed_out = False
+    while proc.poll() is None:
+        now = time.time()
+        for rank in local:
+            report = _read(work / f"rank{rank}.json")
+            if not report or report.get("state") != "running":
+                continue
+            state = _proc_state(report["pid"])
+            if state in ("", "Z", "X"):
+                stalled[rank] = "died"
+            elif state == "T":
+                if now - stopped_since.setdefault(rank, now) > STALL_SECONDS:
+                    stalled[rank] = "hung"
+            else:
+                stopped_since.pop(rank, None)
+        if stalled:
+            break
+        if now > deadline:
+            timed_out = True
+            break
+        time.sleep(0.2)
+    reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
+    for rank, rep in reports.items():
+        if rep.get("state") != "running":
+            continue  # done, failed (an error it raised), or terminated (stopped by the launcher)
+        if rank in stalled:
+            rep["state"] = stalled[rank]
+        elif not _alive(rep["pid"]):
+            rep["state"] = "died"
+        else:
+            rep["state"] = "hung" if timed_out else "interrupted"
+    _kill_all(proc, [rep["pid"] for rep in reports.values()])
+    log.close()
+    bad = verdict({r: reports.get(r) for r in local}, local)
+    result = {"world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
+              "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
+              "collectives": _collective_table(reports), "bad_ranks": bad}
+    if opts.min_busbw_gibps is not None:
+        slow = [c for c in result["collectives"] if c["busbw_gibps"] < opts.min_busbw_gibps
+                and c["size_bytes"] >= max(opts.sizes)]
+        result["below_threshold"] = slow
+    if opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls")):
+        result["neuron"] = neuron_checks(opts, world)
+    result["ok"] = not bad and not result.get("below_threshold") and result.get("neuron", {}).get("ok", True) \
+        and all(rep.get("state") == "done" for rep in reports.values()) and len(reports) == len(local)
+    if not result["ok"] and not bad and not result.get("below_threshold"):
+        result["bad_ranks"] = [{"rank": r, "host": "?", "check": "-", "problem": "did not finish"}
+                               for r in local if reports.get(r, {}).get("state") != "done"]
+    return result
+
+
+def _collective_table(reports: dict[int, dict]) -> list[dict]:
+    """Per collective and size: the slowest rank's time (a collective is as fast as its slowest member)."""
+    rows: dict[tuple, dict] = {}
+    for rep in reports.values():
+        for c in rep.get("results", []):
+            if "time_us" not in c:
+                continue
+            key = (c["op"], c["size_bytes"])
+            if key not in rows or c["time_us"] > rows[key]["time_us"]:
+                rows[key] = {k: c[k] for k in ("op", "size_bytes", "time_us", "algbw_gibps", "busbw_gibps")}
+    return [rows[k] for k in sorted(rows, key=lambda k: (OPS.index(k[0]), k[1]))]
+
+
+def neuron_checks(opts: HealthOptions, world: int) -> dict:
+    out: dict = {"ok": True}
+    try:
+        ls = subprocess.run(["neuron-ls", "--json-output"], capture_output=True, text=True, timeout=opts.timeout)
+        out["neuron_ls"] = parse_neuron_ls(ls.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        out["neuron_ls"] = {"error": str(exc)}
+        out["ok"] = False
+    out["ecc"] = read_ecc()
+    if any(v > 0 for counters in out["ecc"].values() for v in counters.values()):
+        out["ok"] = False
+    out["nccom_test"] = {}
+    for op in OPS:
+        cmd = ["nccom-test", "-r", str(world), "-N", str(opts.nnodes), "-b", str(min(opts.sizes)), "-e",
+               str(max(opts.sizes)), "-f", "4", "-d", "fp32", "-n", str(opts.iters), "--check", NCCOM_OP[op]]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
+            parsed = parse_nccom_test(res.stdout + res.stderr)
+            parsed["exit_code"] = res.returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            parsed = {"ok": False, "failures": [f"{type(exc).__name__}: {exc}"]}
+        out["nccom_test"][op] = parsed
+        out["ok"] &= bool(parsed.get("ok")) and parsed.get("exit_code", 0) == 0
+    return out
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'collective':<16} {'size(B)':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"]
+    for c in result["collectives"]:
+        lines.append(f"{c['op']:<16} {c['size_bytes']:>10} {c['time_us']:>10.1f} {c['algbw_gibps']:>12.4f} "
+                     f"{c['busbw_gibps']:>12.4f}")
+    for rank, rep in sorted(result["ranks"].items()):
+        device = [c for c in rep.get("results", []) if c["check"].startswith("device")]
+        lines.append(f"rank {rank} ({rep.get('host')}): {rep.get('state')}; device checks "
+                     f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok")
+    for bad in result["bad_ranks"]:
+        lines.append(f"BAD rank {bad['rank']} on {bad['host']}: {bad['problem']} in {bad['check']}")
+    for slow in result.get("below_threshold", []):
+        lines.append(f"SLOW {slow['op']} {slow['size_bytes']}B: busbw {slow['busbw_gibps']} GB/s")
+    lines.append(f"health {'OK' if result['ok'] else 'FAILED'} in {result['wall_seconds']} s")
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""One health-check worker, started by torchrun: device sanity, then all-reduce / all-gather / reduce-scatter
+over a sweep of sizes with a correctness check on rank-dependent data and nccom-test style timing.
+
+Progress goes to <work dir>/rank<R>.json at the start and end of every check; the coordinator
+(health/runner.py) reads it together with the process state in /proc (stopped, gone).
+
+    python -m torch.distributed.run --nproc-per-node 2 -m neurontrain.health.worker --work-dir D ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from neurontrain.health.parsers import OPS, bandwidths
+
+
+class Reporter:
+    def __init__(self, work_dir: Path, rank: int) -> None:
+        self.path = work_dir / f"rank{rank}.json"
+        self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "state": "running",
+                      "current": None, "results": []}
+        self.write()
+        signal.signal(signal.SIGTERM, self._terminated)
+
+    def _terminated(self, signum, frame) -> None:
+        """The launcher stops the remaining workers when one fails: record it, so this rank is not blamed."""
+        if self.state["state"] == "running":
+            self.state["state"] = "terminated"
+            self.write()
+        os._exit(143)
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.path)
+
+    def start(self, check: str) -> None:
+        self.state["current"] = {"check": check, "started": time.time()}
+        self.write()
+
+    def finish(self, result: dict) -> None:
+        self.state["results"].append(result)
+        self.state["last_check"] = result["check"]
+        self.state["current"] = None
+        self.write()
+
+
+def device_checks(backend, expect_devices: int | None, reporter: "Reporter | None" = None) -> list[dict]:
+    """Operations with known results on the device, checked against CPU, and the device count."""
+    import torch
+
+    results: list[dict] = []
+
+    def check(name: str, fn) -> None:
+        if reporter:
+            reporter.start(name)
+        t0 = time.perf_counter()
+        try:
+            ok, problem = fn()
+        except Exception as exc:  # a device that cannot run the op is a failed check, named
+            ok, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        result = {"check": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 4),
+                  **({"problem": problem} if not ok else {})}
+        results.append(result)
+        if reporter:
+            reporter.finish(result)
+
+    device = backend.device
+    gen = torch.Generator().manual_seed(1234)
+    a, b = torch.randn(128, 128, generator=gen), torch.randn(128, 128, generator=gen)
+
+    def matmul():
+        got = (a.to(device) @ b.to(device)).cpu()
+        err = (got - a @ b).abs().max().item()
+        return err < 1e-3, f"matmul differs from CPU by {err:.3g}"
+
+    def reductions():
+        x = a.to(device)
+        got = torch.stack([x.sum(), x.max(), x.min(), x.abs().mean()]).cpu()
+        want = torch.stack([a.sum(), a.max(), a.min(), a.abs().mean()])
+        err = (got - want).abs().max().item()
+        return err < 1e-3, f"reductions differ from CPU by {err:.3g}"
+
+    def bf16():
+        x, y = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        got = (x.to(device) * y.to(device) + x.to(device)).cpu()
+        want = x * y + x
+        return torch.equal(got, want), "bf16 multiply-add differs from CPU"
+
+    check("device matmul", matmul)
+    check("device reductions", reductions)
+    check("device bf16", bf16)
+    if expect_devices is not None:
+        def count():
+            if backend.is_xla:
+                import torch_xla.runtime as xr
+
+                found = xr.addressable_runtime_device_count()
+            else:
+                found = torch.cuda.device_count() if torch.cuda.is_available() else 1
+            return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
+        check("device count", count)
+    return results
+
+
+def expected_pattern(numel: int, rank: int, dtype):
+    import torch
+
+    return (torch.arange(numel, dtype=torch.int64) % 7 + 1).to(dtype) * (rank + 1)
+
+
+def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: int) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ok_all = True
+    tri = world * (world + 1) // 2
+    for op in OPS:
+        for size in sizes:
+            numel = max(world, size // 4 // world * world)
+            nbytes = numel * 4
+            name = f"{op} {nbytes}B"
+            reporter.start(name)
+            x = expected_pattern(numel, rank, torch.float32)
+            base = expected_pattern(numel, 0, torch.float32)
+            try:
+                if op == "all_reduce":
+                    def run():
+                        buf = x.clone()
+                        dist.all_reduce(buf)
+                        return buf
+                    want = base * tri
+                elif op == "all_gather":
+                    out = torch.empty(numel * world)
+
+                    def run():
+                        dist.all_gather_into_tensor(out, x)
+                        return out
+                    want = torch.cat([expected_pattern(numel, r, torch.float32) for r in range(world)])
+                else:
+                    out = torch.empty(numel // world)
+
+                    def run():
+                        dist.reduce_scatter_tensor(out, x)
+                        return out
+                    want = (base * tri).chunk(world)[rank]
+                got = run()
+                ok = torch.equal(got, want)
+                for _ in range(warmup):
+                    run()
+                times = []
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - t0)
+                seconds = statistics.median(times)
+                size_bytes = nbytes * world if op == "all_gather" else nbytes
+                algbw, busbw = bandwidths(op, world, size_bytes, seconds)
+                result = {"check": name, "op": op, "size_bytes": size_bytes, "ok": ok,
+                          "time_us": round(seconds * 1e6, 1), "algbw_gibps": round(algbw, 4),
+                          "busbw_gibps": round(busbw, 4)}
+                if not ok:
+                    bad = (got - want).abs()
+                    result["problem"] = (f"wrong result: {int((bad > 0).sum())} of {bad.numel()} elements differ "
+                                         f"(max {bad.max().item():.3g})")
+            except Exception as exc:
+                reporter.state["state"] = "failed"
+                reporter.state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                reporter.finish({"check": name, "op": op, "ok": False, "error": reporter.state["error"]})
+                return False
+            ok_all &= ok
+            reporter.finish(result)
+    return ok_all
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--sizes", default="1024,65536,1048576")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--expect-devices", type=int)
+    parser.add_argument("--skip-device", action="store_true")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    reporter = Reporter(Path(args.work_dir), rank)
+    ok = True
+    if not args.skip_device:
+        from neurontrain.backend import select_backend
+
+        ok &= all(r["ok"] for r in device_checks(select_backend(args.backend), args.expect_devices, reporter))
+    import torch.distributed as dist
+
+    reporter.start("rendezvous")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    reporter.finish({"check": "rendezvous", "ok": True})
+    ok &= collective_checks(reporter, [int(s) for s in args.sizes.split(",")], args.iters, args.warmup)
+    if reporter.state["state"] != "failed":
+        reporter.state["state"] = "done"
+        reporter.write()
+        dist.destroy_process_group()
+    return 0 if ok else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""`neurontrain health` with real torchrun workers: passes here; a stopped, killed or lying worker is named,
+the command exits 3 within the timeout plus a few seconds, and no process is left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, read_json, run_cli
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 45
+
+
+def _start(tmp_path, *extra, env=None):
+    cmd = [sys.executable, "-m", "neurontrain", "health", "--nproc-per-node", "2", "--timeout", str(TIMEOUT),
+           "--sizes", "1K,64K", "--iters", "3", "--work-dir", str(tmp_path / "work"), "--json",
+           str(tmp_path / "out.json"), *extra]
+    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_collectives(tmp_path, rank, deadline=TIMEOUT):
+    path = tmp_path / "work" / f"rank{rank}.json"
+    start = time.time()
+    while time.time() - start < deadline:
+        try:
+            report = json.loads(path.read_text())
+            if any(r["check"] == "rendezvous" for r in report["results"]):
+                return report["pid"]
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("worker never reached the collectives")
+
+
+def _no_process_left(tmp_path, pids):
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                assert fh.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X"), f"pid {pid} still running"
+        except FileNotFoundError:
+            pass
+    marker = str(tmp_path / "work")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            assert marker not in cmdline or "pytest" in cmdline, f"orphan: {cmdline[:200]}"
+
+
+def test_health_passes_with_every_figure(tmp_path):
+    res = run_cli("health", "--nproc-per-node", "2", "--json", str(tmp_path / "out.json"), "--work-dir",
+                  str(tmp_path / "work"), "--timeout", "90")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = read_json(tmp_path / "out.json")
+    assert out["ok"] and out["bad_ranks"] == [] and out["world_size"] == 2
+    ops = {(c["op"], c["size_bytes"]) for c in out["collectives"]}
+    assert {op for op, _ in ops} == {"all_reduce", "all_gather", "reduce_scatter"} and len(ops) == 9
+    for c in out["collectives"]:
+        assert c["time_us"] > 0 and c["algbw_gibps"] > 0 and c["busbw_gibps"] > 0
+    for rank in ("0", "1"):
+        checks = {r["check"]: r for r in out["ranks"][rank]["results"]}
+        assert all(checks[c]["ok"] for c in ("device matmul", "device reductions", "device bf16"))
+    _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])
+def test_a_stopped_or_killed_worker_is_named(tmp_path, sig):
+    start = time.time()
+    proc = _start(tmp_path)
+    victim = _wait_for_collectives(tmp_path, 1)
+    os.kill(victim, sig)
+    _, stderr = proc.communicate(timeout=TIMEOUT + 30)
+    elapsed = time.time() - start
+    assert proc.returncode == 3, stderr[-3000:]
+    assert elapsed <= TIMEOUT + 5
+    out = read_json(tmp_path / "out.json")
+    assert [b["rank"] for b in out["bad_ranks"]] == [1]
+    assert out["bad_ranks"][0]["problem"].startswith("hung" if sig == signal.SIGSTOP else "died")
+    assert "rank 1 on" in stderr.strip().splitlines()[-1]
+    _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
+
+
+def test_a_worker_returning_wrong_data_is_named(tmp_path):
+    """Arranged from the test: rank 1's all-gather output is corrupted by a sitecustomize hook."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import torch.distributed as dist\n"
+        "    _orig = dist.all_gather_into_tensor\n"
+        "    def _corrupt(out, inp, *a, **k):\n"
+        "        work = _orig(out, inp, *a, **k)\n"
+        "        out[0] += 1\n"
+        "        return work\n"
+        "    dist.all_gather_into_tensor = _corrupt\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)}
+    proc = _start(tmp_path, env=env)
+    _, stderr = proc.communicate(timeout=TIMEOUT + 30)
+    assert proc.returncode == 3, stderr[-3000:]
+    out = read_json(tmp_path / "out.json")
+    assert [b["rank"] for b in out["bad_ranks"]] == [1]
+    assert out["bad_ranks"][0]["check"].startswith("all_gather") and "wrong result" in out["bad_ranks"][0]["problem"]
+
+
+def test_run_with_a_failing_preflight_exits_3_before_training(tmp_path, recipes):
+    res = run_cli("run", str(recipes / "tiny-bert-classification.yaml"), "--output-dir", str(tmp_path / "run"),
+                  "--set", "runtime.expected_devices=4")
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "preflight failed" in res.stderr and "expected 4 devices per worker, found 1" in res.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
