@@ -33,17 +33,36 @@ def health(args: list[str]) -> tuple[float, dict]:
         return wall, json.loads(Path(f"{tmp}/out.json").read_text())
 
 
+def phases(out: dict, wall: float) -> dict:
+    """Where a preflight's time goes (slowest worker): start-up, device checks, rendezvous, collectives."""
+    t0 = out["started_at"]
+    ranks = out["ranks"].values()
+
+    def last(pred) -> float:
+        return max(r["finished_at"] for rank in ranks for r in rank["results"] if pred(r["check"]))
+    ready = max(rank["started_at"] for rank in ranks)
+    device = last(lambda c: c.startswith("device"))
+    rendezvous = last(lambda c: c == "rendezvous")
+    collectives = last(lambda c: c.split()[0] in ("all_reduce", "all_gather", "reduce_scatter"))
+    return {"launch_to_workers_running": round(ready - t0, 2),
+            "device_checks_incl_torch_xla_import": round(device - ready, 2),
+            "rendezvous": round(rendezvous - device, 2), "collectives": round(collectives - rendezvous, 2),
+            "exit": round(t0 + wall - collectives, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="1K,64K,1M,16M")
     args = parser.parse_args()
-    walls = [health([])[0] for _ in range(args.rounds)]
+    runs = [health([]) for _ in range(args.rounds)]
+    walls = [w for w, _ in runs]
     _, sweep = health(["--sizes", args.sizes, "--iters", "10"])
     print(json.dumps({
         "preflight_2_workers_wall_seconds": [round(w, 2) for w in walls],
         "preflight_median_seconds": round(statistics.median(walls), 2),
         "target_seconds": 15,
+        "phases_seconds": phases(runs[-1][1], runs[-1][0]),
         "collectives": [{k: c[k] for k in ("op", "size_bytes", "time_us", "algbw_gibps", "busbw_gibps")}
                         for c in sweep["collectives"]],
     }, indent=2))

@@ -108,6 +108,9 @@ def run_health(opts: HealthOptions) -> dict:
     timed_out = False
     while proc.poll() is None:
         now = time.time()
+        states = [(_read(work / f"rank{r}.json") or {}).get("state") for r in local]
+        if all(state == "done" for state in states):
+            break  # every worker finished: no need to wait for the launcher's own shutdown
         for rank in local:
             report = _read(work / f"rank{rank}.json")
             if not report or report.get("state") != "running":
@@ -139,7 +142,7 @@ def run_health(opts: HealthOptions) -> dict:
     _kill_all(proc, [rep["pid"] for rep in reports.values()])
     log.close()
     bad = verdict({r: reports.get(r) for r in local}, local)
-    result = {"world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
+    result = {"started_at": start, "world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
               "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
               "collectives": _collective_table(reports), "bad_ranks": bad}
     if opts.min_busbw_gibps is not None:
@@ -203,7 +206,8 @@ def format_table(result: dict) -> str:
     for rank, rep in sorted(result["ranks"].items()):
         device = [c for c in rep.get("results", []) if c["check"].startswith("device")]
         lines.append(f"rank {rank} ({rep.get('host')}): {rep.get('state')}; device checks "
-                     f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok")
+                     + (f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok" if device else
+                        rep.get("device", "none")))
     for bad in result["bad_ranks"]:
         lines.append(f"BAD rank {bad['rank']} on {bad['host']}: {bad['problem']} in {bad['check']}")
     for slow in result.get("below_threshold", []):

@@ -27,7 +27,7 @@ class Reporter:
     def __init__(self, work_dir: Path, rank: int) -> None:
         self.path = work_dir / f"rank{rank}.json"
         self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "state": "running",
-                      "current": None, "results": []}
+                      "started_at": time.time(), "current": None, "results": []}
         self.write()
         signal.signal(signal.SIGTERM, self._terminated)
 
@@ -48,6 +48,7 @@ class Reporter:
         self.write()
 
     def finish(self, result: dict) -> None:
+        result["finished_at"] = round(time.time(), 3)
         self.state["results"].append(result)
         self.state["last_check"] = result["check"]
         self.state["current"] = None
@@ -197,9 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
-    if not args.skip_device:
-        from neurontrain.backend import select_backend
+    from neurontrain.backend import resolve_backend_name, select_backend
 
+    # XLA:CPU workers share one device, the host: check it once per node. Neuron and GPU workers each own a
+    # device and check their own.
+    shared = resolve_backend_name(args.backend) in ("xla-cpu", "eager") and int(os.environ.get("LOCAL_RANK", "0")) > 0
+    if shared:
+        reporter.state["device"] = "the host CPU, shared with local rank 0 (checked there)"
+    elif not args.skip_device:
         ok &= all(r["ok"] for r in device_checks(select_backend(args.backend), args.expect_devices, reporter))
     import torch.distributed as dist
 
