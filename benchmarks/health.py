@@ -41,13 +41,14 @@ def phases(out: dict, wall: float) -> dict:
     def last(pred) -> float:
         return max(r["finished_at"] for rank in ranks for r in rank["results"] if pred(r["check"]))
     ready = max(rank["started_at"] for rank in ranks)
-    device = last(lambda c: c.startswith("device"))
     rendezvous = last(lambda c: c == "rendezvous")
     collectives = last(lambda c: c.split()[0] in ("all_reduce", "all_gather", "reduce_scatter"))
+    device = max(c["finished_at"] for c in out["node_device"]["results"])
     return {"launch_to_workers_running": round(ready - t0, 2),
-            "device_checks_incl_torch_xla_import": round(device - ready, 2),
-            "rendezvous": round(rendezvous - device, 2), "collectives": round(collectives - rendezvous, 2),
-            "exit": round(t0 + wall - collectives, 2)}
+            "workers_running_to_rendezvous": round(rendezvous - ready, 2),
+            "collectives": round(collectives - rendezvous, 2),
+            "device_checks_from_launch_incl_torch_xla_import": round(device - t0, 2),
+            "command_total": round(wall, 2)}
 
 
 def main() -> None:

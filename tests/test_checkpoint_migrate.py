@@ -357,3 +357,16 @@ def test_sharded_hf_output_and_input(tmp_path):
     assert sorted(p.name for p in back.glob("*.safetensors")) == files
     migrate(back, again, MigrateOptions("neuron", tp=2))  # the sharded HF directory as input
     assert compare(open_checkpoint(src), open_checkpoint(again))["equal"]
+
+
+def test_a_failure_mid_migration_leaves_no_destination(tmp_path):
+    """The first pipeline stage is written, the second stage's shard is truncated: nothing appears at DST."""
+    _, src = llama(tmp_path)
+    nxd = tmp_path / "nxd"
+    migrate(src, nxd, MigrateOptions("neuron", tp=2, pp=2))
+    victim = nxd / "model" / "dp_rank_00_tp_rank_01_pp_rank_01.pt"
+    victim.write_bytes(victim.read_bytes()[:1000])
+    with pytest.raises(UsageError, match="not a readable torch checkpoint"):
+        migrate(nxd, tmp_path / "out", MigrateOptions("gpu", max_shard_bytes=16 << 10))
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []

@@ -66,9 +66,10 @@ def test_health_passes_with_every_figure(tmp_path):
     assert {op for op, _ in ops} == {"all_reduce", "all_gather", "reduce_scatter"} and len(ops) == 9
     for c in out["collectives"]:
         assert c["time_us"] > 0 and c["algbw_gibps"] > 0 and c["busbw_gibps"] > 0
-    checks = {r["check"]: r for r in out["ranks"]["0"]["results"]}
+    # XLA:CPU: the workers share one device, the host, checked once beside them
+    checks = {r["check"]: r for r in out["node_device"]["results"]}
     assert all(checks[c]["ok"] for c in ("device matmul", "device reductions", "device bf16"))
-    assert "shared with local rank 0" in out["ranks"]["1"]["device"]  # XLA:CPU: one device, the host
+    assert all("checked once by the coordinator" in r["device"] for r in out["ranks"].values())
     _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
 
 
@@ -110,6 +111,14 @@ def test_a_worker_returning_wrong_data_is_named(tmp_path):
     out = read_json(tmp_path / "out.json")
     assert [b["rank"] for b in out["bad_ranks"]] == [1]
     assert out["bad_ranks"][0]["check"].startswith("all_gather") and "wrong result" in out["bad_ranks"][0]["problem"]
+
+
+def test_a_failing_device_check_fails_the_health_check(tmp_path):
+    res = run_cli("health", "--nproc-per-node", "2", "--expect-devices", "4", "--sizes", "1K", "--iters", "2",
+                  "--json", str(tmp_path / "out.json"), "--timeout", "90")
+    assert res.returncode == 3, res.stderr[-2000:]
+    bad = read_json(tmp_path / "out.json")["bad_ranks"]
+    assert bad[0]["check"] == "device count" and "expected 4 devices per worker, found 1" in bad[0]["problem"]
 
 
 def test_run_with_a_failing_preflight_exits_3_before_training(tmp_path, recipes):

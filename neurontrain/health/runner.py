@@ -98,6 +98,20 @@ def run_health(opts: HealthOptions) -> dict:
            "--iters", str(opts.iters), "--timeout", str(opts.timeout), "--backend", opts.backend]
     if opts.expect_devices is not None:
         cmd += ["--expect-devices", str(opts.expect_devices)]
+    from neurontrain.backend import resolve_backend_name
+
+    # Workers on XLA:CPU share one device, the host: it is checked once, by a process started beside the
+    # launcher (so its torch-xla start-up overlaps the launch). Neuron and GPU workers check their own device.
+    node_check = None
+    if resolve_backend_name(opts.backend) in ("xla-cpu", "eager"):
+        cmd.append("--skip-device")
+        node_cmd = [sys.executable, "-m", "neurontrain.health.worker", "--node-device", str(work / "device.json"),
+                    "--backend", opts.backend]
+        if opts.expect_devices is not None:
+            node_cmd += ["--expect-devices", str(opts.expect_devices)]
+        (work / "device.json").unlink(missing_ok=True)
+        node_check = subprocess.Popen(node_cmd, stdout=subprocess.DEVNULL, stderr=open(work / "device.log", "wb"),
+                                      start_new_session=True)
     log = open(work / "torchrun.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
@@ -141,10 +155,15 @@ def run_health(opts: HealthOptions) -> dict:
             rep["state"] = "hung" if timed_out else "interrupted"
     _kill_all(proc, [rep["pid"] for rep in reports.values()])
     log.close()
+    device = _finish_node_check(node_check, work, start + opts.timeout)
     bad = verdict({r: reports.get(r) for r in local}, local)
+    if device is not None:
+        bad += [{"rank": f"node (local ranks {local.start}-{local.stop - 1})", "host": device.get("host", "?"),
+                 "check": c["check"], "problem": c.get("problem", "failed")}
+                for c in device.get("results", []) if not c.get("ok")]
     result = {"started_at": start, "world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
               "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
-              "collectives": _collective_table(reports), "bad_ranks": bad}
+              "collectives": _collective_table(reports), "bad_ranks": bad, "node_device": device}
     if opts.min_busbw_gibps is not None:
         slow = [c for c in result["collectives"] if c["busbw_gibps"] < opts.min_busbw_gibps
                 and c["size_bytes"] >= max(opts.sizes)]
@@ -157,6 +176,22 @@ def run_health(opts: HealthOptions) -> dict:
         result["bad_ranks"] = [{"rank": r, "host": "?", "check": "-", "problem": "did not finish"}
                                for r in local if reports.get(r, {}).get("state") != "done"]
     return result
+
+
+def _finish_node_check(node_check: subprocess.Popen | None, work: Path, deadline: float) -> dict | None:
+    if node_check is None:
+        return None
+    try:
+        node_check.wait(timeout=max(0.1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        os.killpg(node_check.pid, signal.SIGKILL)
+        node_check.wait()
+        return {"results": [{"check": "device checks", "ok": False, "problem": "did not finish in time"}]}
+    report = _read(work / "device.json")
+    if report is None:
+        return {"results": [{"check": "device checks", "ok": False,
+                             "problem": f"device check process exited {node_check.returncode} without a report"}]}
+    return report
 
 
 def _collective_table(reports: dict[int, dict]) -> list[dict]:
@@ -208,6 +243,10 @@ def format_table(result: dict) -> str:
         lines.append(f"rank {rank} ({rep.get('host')}): {rep.get('state')}; device checks "
                      + (f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok" if device else
                         rep.get("device", "none")))
+    if result.get("node_device"):
+        checks = result["node_device"].get("results", [])
+        lines.append(f"node device ({result['node_device'].get('host', '?')}, shared by the local workers): "
+                     f"{sum(1 for c in checks if c.get('ok'))}/{len(checks)} checks ok")
     for bad in result["bad_ranks"]:
         lines.append(f"BAD rank {bad['rank']} on {bad['host']}: {bad['problem']} in {bad['check']}")
     for slow in result.get("below_threshold", []):

@@ -184,6 +184,25 @@ def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: 
     return ok_all
 
 
+def node_device_check(argv: list[str] | None = None) -> int:
+    """`python -m neurontrain.health.worker --node-device OUT.json`: the device checks of a node whose workers
+    share one device (the host CPU), run once, beside the workers rather than in each of them."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--node-device", required=True)
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--expect-devices", type=int)
+    args, _ = parser.parse_known_args(argv)
+    from neurontrain.backend import select_backend
+
+    started = time.time()
+    results = device_checks(select_backend(args.backend), args.expect_devices)
+    for r in results:
+        r["finished_at"] = round(time.time(), 3)
+    out = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": started, "results": results}
+    Path(args.node_device).write_text(json.dumps(out))
+    return 0 if all(r["ok"] for r in results) else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work-dir", required=True)
@@ -198,14 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
-    from neurontrain.backend import resolve_backend_name, select_backend
+    from neurontrain.backend import select_backend
 
-    # XLA:CPU workers share one device, the host: check it once per node. Neuron and GPU workers each own a
-    # device and check their own.
-    shared = resolve_backend_name(args.backend) in ("xla-cpu", "eager") and int(os.environ.get("LOCAL_RANK", "0")) > 0
-    if shared:
-        reporter.state["device"] = "the host CPU, shared with local rank 0 (checked there)"
-    elif not args.skip_device:
+    if args.skip_device:
+        reporter.state["device"] = "the host CPU, shared by all local workers: checked once by the coordinator"
+    else:
         ok &= all(r["ok"] for r in device_checks(select_backend(args.backend), args.expect_devices, reporter))
     import torch.distributed as dist
 
@@ -221,4 +237,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(node_device_check() if "--node-device" in sys.argv else main())
