@@ -90,12 +90,18 @@ def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket):
         assert any(_tree(r / entry.parent.name / entry.name) == mine for r in roots)
 
 
-def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket):
+def _pushed(tmp_path, s3_bucket, seed, prefix):
+    """A fake local cache pushed to s3://<bucket>/<prefix>: (bucket, client, local dir, url)."""
     bucket, client = s3_bucket
     src = tmp_path / "src"
-    _fake_cache(src, seed=3)
-    url = f"s3://{bucket}/c"
+    _fake_cache(src, seed=seed)
+    url = f"s3://{bucket}/{prefix}"
     assert _cli("push", "--cache", url, "--local", str(src)).returncode == 0
+    return bucket, client, src, url
+
+
+def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket):
+    bucket, client, src, url = _pushed(tmp_path, s3_bucket, 3, "c")
     neff = next(src.glob("neuronxcc-*/MODULE_*/model.neff"))
     hlo = src / "graphs" / f"{2:032x}" / "model.hlo_module.pb"
 
@@ -120,11 +126,7 @@ def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket
 
 
 def test_prune_removes_old_entries_and_their_objects(tmp_path, s3_bucket):
-    bucket, client = s3_bucket
-    src = tmp_path / "src"
-    _fake_cache(src, seed=5)
-    url = f"s3://{bucket}/p"
-    assert _cli("push", "--cache", url, "--local", str(src)).returncode == 0
+    bucket, client, src, url = _pushed(tmp_path, s3_bucket, 5, "p")
     assert json.loads(_cli("prune", "--cache", url, "--older-than", "1d").stdout)["entries_removed"] == 0
     result = json.loads(_cli("prune", "--cache", url, "--older-than", "0s").stdout)
     assert result["entries_removed"] == 9 and result["objects_removed"] > 0

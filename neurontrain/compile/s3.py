@@ -227,7 +227,7 @@ class S3Store:
                 and not (root / p).exists()]
         report.skipped = len(remote) - len(todo)
 
-        def fetch(path: str) -> tuple[int, int, dict | None]:
+        def fetch(path: str) -> tuple[int, int, int, dict | None]:
             record = self.get_record(path)
             files: dict[str, Path] = {}
             try:
@@ -235,18 +235,19 @@ class S3Store:
                     try:
                         files[name] = self._download_verified(meta["sha256"], meta["size"], root)
                     except ValueError as exc:
-                        return 0, 0, {"entry": path, "file": name, "object": self._blob_key(meta["sha256"]),
-                                      "problem": str(exc)}
+                        return 0, 0, 0, {"entry": path, "file": name, "object": self._blob_key(meta["sha256"]),
+                                         "problem": str(exc)}
                 size = sum(p.stat().st_size for p in files.values())
+                count = len(files)
                 installed = install_entry(root, path, record.get("is_file", False), files, record)
-                return (1, size, None) if installed else (0, 0, None)
+                return (1, size, count, None) if installed else (0, 0, 0, None)
             finally:
                 for p in files.values():
                     p.unlink(missing_ok=True)
 
-        for done, size, problem in run_parallel(fetch, todo, self.workers, "pull", "entry"):
+        for done, size, count, problem in run_parallel(fetch, todo, self.workers, "pull", "entry"):
             report.entries += done
-            report.objects += done and 1
+            report.objects += count
             report.bytes += size
             if problem:
                 report.refused.append(problem)
