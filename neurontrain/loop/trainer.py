@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -52,14 +53,14 @@ class Trainer:
         self.manifest_graphs = manifest_graphs
         self._identified: set[tuple] = set()
 
-    def _graph_id(self, key: tuple, tensors: list[torch.Tensor]) -> str | None:
+    def _graph_id(self, key: tuple, tensors: Callable[[], list[torch.Tensor]]) -> str | None:
         """The content id of the pending graph, the first time a key runs and only when there is a manifest."""
         if self.manifest_graphs is None or not self.backend.is_xla or key in self._identified:
             return None
         from neurontrain.compile.graphs import graph_hlo, graph_id
 
         self._identified.add(key)
-        return graph_id(graph_hlo(tensors)[0])
+        return graph_id(graph_hlo(tensors())[0])
 
     # -- set-up ------------------------------------------------------------------------------------
     def _restore(self, model: torch.nn.Module) -> tuple[int, int, dict | None]:
@@ -92,7 +93,7 @@ class Trainer:
                 stats = steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
                 self.backend.add_step_closure(accumulate, (stats,))
                 key = ("eval", batch["input_ids"].shape[1])
-                graph = self._graph_id(key, [stats])
+                graph = self._graph_id(key, lambda: [stats])
                 self.backend.sync()
                 guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
         model.train()
@@ -123,7 +124,7 @@ class Trainer:
         guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
                                    backend.execute_count, report=self._report, known_graphs=self.manifest_graphs)
         materialize_optimizer_state(optimizer)
-        graph = self._graph_id(("setup",), steps.state_tensors(model, optimizer))
+        graph = self._graph_id(("setup",), lambda: steps.state_tensors(model, optimizer))
         backend.sync()
         guard.after_sync(("setup",), start_step, graph=graph)
         if state is not None:
@@ -170,7 +171,7 @@ class Trainer:
                 micro_losses.append(steps.micro_step(model, batch, recipe, plan.dims, backend.autocast))
                 if train.grad_accum > 1:
                     key = ("train-micro", length)
-                    graph = self._graph_id(key, steps.state_tensors(model, optimizer) + micro_losses[-1:])
+                    graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses[-1:])
                     backend.sync()
                     guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
             lr = steps.optimizer_step(params, optimizer, scheduler, recipe)
@@ -178,7 +179,7 @@ class Trainer:
             if step == 1 or step % train.log_every == 0 or step == train.max_steps:
                 backend.add_step_closure(log_step, (step, lr, *micro_losses))
             key = ("train", length) if train.grad_accum == 1 else ("optimizer",)
-            graph = self._graph_id(key, steps.state_tensors(model, optimizer) + micro_losses)
+            graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses)
             backend.sync()
             guard.after_sync(key, step, {"input_ids": [data.batch_size, length]}, graph=graph)
             progress.update(1)
