@@ -123,6 +123,22 @@ class Backend:
         device_type = "xla" if self.is_xla else self.device.type
         return torch.autocast(device_type, dtype=torch.bfloat16)
 
+    def to_host(self, tensors: list) -> list:
+        """Copies on the host, in one transfer on XLA (the tensors must already be computed: after a sync)."""
+        if self.is_xla:
+            import torch_xla
+
+            return torch_xla._XLAC._xla_get_cpu_tensors(tensors)
+        return [t.detach().cpu() for t in tensors]
+
+    def to_device(self, tensors: list) -> list:
+        """Host tensors as device data (graph inputs, not constants), in one transfer on XLA."""
+        if self.is_xla:
+            import torch_xla.core.xla_model as xm
+
+            return xm.send_cpu_data_to_device(tensors, self.device)
+        return [t.to(self.device) for t in tensors]
+
     def save(self, obj: Any, path: str) -> None:
         """Save with xm.save semantics on XLA (tensors moved to CPU, master only)."""
         if self.is_xla:

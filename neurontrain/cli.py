@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from neurontrain.errors import NeurontrainError, UsageError
+from neurontrain.launch.run import add_launch_arguments, cmd_run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,6 +34,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="override runtime.backend; eager = plain PyTorch (the GPU-style reference)")
     run.add_argument("--dry-run", action="store_true", help="validate and print the plan; do not train")
     run.add_argument("--no-preflight", action="store_true", help="skip the health check before training")
+    add_launch_arguments(run)
 
     pre = sub.add_parser("precompile", help="discover a recipe's graphs and compile them ahead of time")
     pre.add_argument("recipe", help="YAML recipe")
@@ -46,6 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="compile for this target: neuron runs neuronx-cc (default: the backend's own)")
     pre.add_argument("--retries", type=int, default=2, help="retries of a compile that was killed or crashed")
     pre.add_argument("--json", dest="json_file", help="also write the report as JSON to this file")
+    pre.add_argument("--nproc-per-node", type=int, default=1, help="plan for this many workers per node")
+    pre.add_argument("--nnodes", type=int, default=1, help="plan for this many nodes")
 
     cache = sub.add_parser("cache", help="inspect and move the compile cache (local directory or s3://)")
     csub = cache.add_subparsers(dest="cache_command", parser_class=_Parser)
@@ -113,54 +117,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from neurontrain.recipe import load_recipe
-
-    overrides = list(args.overrides)
-    if args.backend:
-        overrides.append(f"runtime.backend={args.backend}")
-    recipe = load_recipe(args.recipe, overrides)
-    output_dir = Path(args.output_dir or Path("runs") / recipe.name)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"--output-dir {output_dir} exists and is not a directory")
-
-    from neurontrain.backend import resolve_backend_name, select_backend
-    from neurontrain.loop.planning import make_plan
-
-    if args.dry_run:
-        plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend))
-        print(json.dumps(plan.describe(), indent=2))
-        return 0
-    backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
-    if recipe.runtime.preflight and not args.no_preflight:
-        _preflight(backend, recipe)
-    plan = make_plan(recipe, backend.name)
-    described = plan.describe()
-    print(f"neurontrain: {recipe.name} on {backend.name}: {recipe.train.max_steps} steps, buckets "
-          f"{described['buckets']['used']} ({plan.bucket_mode}), {len(described['expected_graphs'])} planned graphs, "
-          f"output {output_dir}", file=sys.stderr)
-    from neurontrain.compile.cachecmd import resolve_cache
-    from neurontrain.compile.discover import run_plan_id
-    from neurontrain.compile.manifest import load_manifest, manifest_path
-    from neurontrain.loop.trainer import Trainer
-
-    cache = resolve_cache(recipe.runtime.compile_cache)
-    pulled = cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
-    manifest = load_manifest(manifest_path(cache.local, recipe.name, run_plan_id(plan, backend.name)))
-    if manifest is not None:
-        print(f"neurontrain: checking graphs against the precompile manifest ({len(manifest.graphs)} graphs)",
-              file=sys.stderr)
-    summary = Trainer(plan, backend, output_dir, manifest.graph_ids() if manifest else None).run()
-    pushed = cache.push_after()
-    if pulled is not None or pushed is not None:
-        summary["compile_cache"] = {"pulled": pulled, "pushed": pushed}
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    keys = ("backend", "steps", "first_loss", "final_loss", "compilations", "distinct_graphs",
-            "unexpected_graphs", "tokens_per_second", "padding_fraction", "wall_seconds")
-    print(json.dumps({k: summary.get(k) for k in keys}))
-    return 0
-
-
 def _cmd_precompile(args: argparse.Namespace) -> int:
     from neurontrain.backend import select_backend
     from neurontrain.compile.cachecmd import resolve_cache
@@ -172,6 +128,8 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
         raise UsageError("--workers must be at least 1")
     if args.retries < 0:
         raise UsageError("--retries must be 0 or more")
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise UsageError("--nproc-per-node and --nnodes must be at least 1")
     overrides = list(args.overrides) + ([f"runtime.backend={args.backend}"] if args.backend else [])
     recipe = load_recipe(args.recipe, overrides)
     cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
@@ -182,7 +140,7 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
         from neurontrain.compile.neuron import NeuronCompiler
 
         compiler = NeuronCompiler(cache.local, backend.compiler_flags, workers=args.workers, retries=args.retries)
-    plan = make_plan(recipe, backend.name)
+    plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
     from neurontrain.compile.discover import run_plan_id
 
     cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
@@ -291,21 +249,6 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0 if result["equal"] else 1
 
 
-def _preflight(backend, recipe) -> None:
-    """Device checks before any training step; a scheduler retries elsewhere on exit 3."""
-    from neurontrain.errors import HealthCheckFailed
-    from neurontrain.health.worker import device_checks
-
-    t0 = time.perf_counter()
-    results = device_checks(backend, recipe.runtime.expected_devices)
-    failed = [r for r in results if not r["ok"]]
-    if failed:
-        raise HealthCheckFailed(f"preflight failed on {backend.name}: {failed[0]['check']}: {failed[0]['problem']} "
-                                "(skip with --no-preflight or runtime.preflight: false)")
-    print(f"neurontrain: preflight ok ({len(results)} device checks, {time.perf_counter() - t0:.1f} s)",
-          file=sys.stderr)
-
-
 def _parse_size(text: str) -> int:
     text = text.strip().upper()
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
@@ -371,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        handler = {"run": _cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
+        handler = {"run": cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
                    "cache": _cmd_cache, "checkpoint": _cmd_checkpoint, "health": _cmd_health}[args.command]
         return handler(args)
     except NeurontrainError as exc:

@@ -117,6 +117,7 @@ class ScheduleSpec(_Strict):
 class TrainSpec(_Strict):
     max_steps: int = Field(..., ge=1)
     grad_accum: int = Field(1, ge=1)
+    global_batch_size: int | None = Field(None, ge=1)  # samples per optimizer step over all workers
     max_grad_norm: float | None = Field(1.0, gt=0)
     precision: Literal["fp32", "bf16"] = "fp32"
     log_every: int = Field(10, ge=1)
@@ -142,6 +143,7 @@ class RuntimeSpec(_Strict):
     preflight: bool = True          # device checks (and, with several workers, collectives) before training
     expected_devices: int | None = Field(None, ge=1)  # devices each worker must see; checked by preflight
     compiler_flags: list[str] = []
+    collective_timeout: float = Field(600.0, gt=0)  # seconds a worker waits in a collective or barrier
 
 
 class Recipe(_Strict):
@@ -167,7 +169,8 @@ class Recipe(_Strict):
     def fingerprint(self) -> str:
         """Hash of everything that changes the computation (used to refuse resuming a different run)."""
         payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"},
-                                                        "runtime": {"compile_cache", "preflight", "expected_devices"}})
+                                                        "runtime": {"compile_cache", "preflight", "expected_devices",
+                                                                    "collective_timeout"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

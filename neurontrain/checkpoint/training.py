@@ -67,14 +67,18 @@ def _fsync_path(path: Path) -> None:
 
 
 def save_checkpoint(root: Path, step: int, state: dict, meta: dict, keep: int,
-                    save_fn: Callable[[Any, str], None], is_master: bool = True) -> Path | None:
-    """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically."""
+                    save_fn: Callable[[Any, str], None], is_master: bool = True,
+                    all_ranks_save: bool = True) -> Path | None:
+    """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically.
+    all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     partial = root / f".{checkpoint_name(step)}.partial"
     if is_master:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
+    if not is_master and not all_ranks_save:
+        return None
     save_fn(state, str(partial / STATE_FILE))  # collective on XLA: every rank calls it
     if not is_master:
         return None

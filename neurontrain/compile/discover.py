@@ -26,7 +26,8 @@ from neurontrain.loop.planning import RunPlan
 
 
 def run_plan_id(plan: RunPlan, backend: str) -> str:
-    return plan_id(plan.recipe.fingerprint(), backend, plan.recipe.train.max_steps, plan.expected_graphs())
+    workers = f"/world{plan.world}" if plan.world > 1 else ""  # the batch plan and step split depend on it
+    return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 
 def _first_train_batch(plan: RunPlan, length: int) -> PlannedBatch:
@@ -47,9 +48,11 @@ class _Tracer:
         self.cpu_optimizer_state = cpu_optimizer.state_dict()
         self.cpu_model.zero_grad(set_to_none=True)
         data, spec = plan.data, self.recipe.data
-        self.collate = Collator(data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id)
+        # worker 0's rows of each global batch: every worker's batch has the same shape
+        self.collate = Collator(data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id,
+                                0, plan.world)
         self.eval_collate = Collator(data.eval_ids, data.eval_labels, self.recipe.task,
-                                     spec.eval_batch_size or spec.batch_size, data.pad_id)
+                                     spec.eval_batch_size or spec.batch_size, data.pad_id, 0, plan.world)
 
     def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
         """Model and optimizer on the device. set_up: state as after the loop's set-up sync (device data)."""

@@ -8,9 +8,13 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: Path, resume_step: int | None) -> None:
+    def __init__(self, output_dir: Path, resume_step: int | None, write: bool = True) -> None:
+        """write=False (workers other than 0): records are kept in memory only."""
         self.path = output_dir / "metrics.jsonl"
         self.records: list[dict] = []
+        self._fh = self._tb = None
+        if not write:
+            return
         if resume_step is not None and self.path.exists():
             # A killed run may have logged steps past its last checkpoint: those steps run again.
             kept = []
@@ -30,6 +34,8 @@ class MetricsWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        if self._fh is None:
+            return
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         if self._tb is not None:
@@ -38,6 +44,8 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
+        if self._fh is None:
+            return
         self._fh.close()
         if self._tb is not None:
             self._tb.close()

@@ -41,18 +41,26 @@ class RunPlan:
     train_lengths_used: list[int]
     auto_estimate: dict | None = None
     notes: list[str] = field(default_factory=list)
+    world: int = 1
+    host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
+
+    @property
+    def split_step(self) -> bool:
+        """Whether a step is micro-step graphs plus an optimizer graph, rather than one graph: under gradient
+        accumulation, and when the gradients are all-reduced on the host in between."""
+        return self.recipe.train.grad_accum > 1 or self.host_reduce
 
     @property
     def step_kinds(self) -> list[str]:
-        kinds = ["train"] if self.recipe.train.grad_accum == 1 else ["train-micro", "optimizer"]
+        kinds = ["train-micro", "optimizer"] if self.split_step else ["train"]
         return kinds + (["eval"] if self.eval_batches else [])
 
     def expected_graphs(self) -> list[tuple]:
-        """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) under accumulation."""
+        """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) for split steps."""
         keys: list[tuple] = [("setup",)]
-        train_kind = "train" if self.recipe.train.grad_accum == 1 else "train-micro"
+        train_kind = "train-micro" if self.split_step else "train"
         keys += [(train_kind, n) for n in sorted(set(self.train_lengths_used))]
-        if self.recipe.train.grad_accum > 1:
+        if self.split_step:
             keys.append(("optimizer",))
         keys += [("eval", n) for n in sorted({b.length for b in self.eval_batches})]
         return keys
@@ -60,7 +68,7 @@ class RunPlan:
     def padding_fraction(self) -> float:
         """Padded share of the token slots of the planned training batches."""
         total = real = 0
-        batch_size = self.recipe.data.batch_size
+        batch_size = self.planner.batch_size
         lengths = self.planner.lengths
         steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
         for i, batch in enumerate(self.planner.iterate(0)):
@@ -73,7 +81,7 @@ class RunPlan:
     def describe(self) -> dict:
         r = self.recipe
         lengths = self.data.train_lengths
-        world = 1
+        world = self.world
         return {
             "recipe": r.name,
             "task": r.task,
@@ -89,7 +97,11 @@ class RunPlan:
             "batches_per_epoch": self.planner.batches_per_epoch(),
             "steps": r.train.max_steps,
             "world_size": world,
+            "per_worker_batch": r.data.batch_size,
+            "grad_accum": r.train.grad_accum,
             "effective_batch": r.data.batch_size * r.train.grad_accum * world,
+            "gradient_reduction": ("none" if world == 1 else "host all-reduce (gloo) between the micro-step and "
+                                   "optimizer graphs" if self.host_reduce else "in-graph all-reduce"),
             "expected_graphs": [list(k) for k in self.expected_graphs()],
             "padding_fraction": round(self.padding_fraction(), 4),
             "compile_cache": r.runtime.compile_cache,
@@ -117,8 +129,29 @@ def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
     return bool(data.eval_ids) and (recipe.train.eval_every > 0 or recipe.train.eval_at_end)
 
 
-def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None) -> RunPlan:
+def with_world(recipe: Recipe, world: int) -> Recipe:
+    """The recipe as `world` workers run it: train.grad_accum derived from train.global_batch_size."""
+    from neurontrain.launch.topology import resolve_grad_accum
+
+    t = recipe.train
+    accum = resolve_grad_accum(recipe.data.batch_size, world, t.grad_accum, t.global_batch_size)
+    return recipe if accum == t.grad_accum else recipe.model_copy(update={"train": t.model_copy(update={"grad_accum": accum})})
+
+
+def reduces_on_host(backend: str) -> bool:
+    """XLA:CPU workers under torchrun each see a world of one through xla:// (measured): their gradients are
+    all-reduced with gloo on host copies. Neuron and XLA:CUDA reduce inside the graph."""
+    return backend in ("xla-cpu", "eager")
+
+
+def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
+    from neurontrain.errors import UsageError
+
+    recipe = with_world(recipe, world)
     data = data or prepare_data(recipe)
+    if world > len(data.train_lengths):
+        raise UsageError(f"{world} workers but only {len(data.train_lengths)} training samples: every worker "
+                         "needs at least one sample a step")
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)
     spec = recipe.data
@@ -152,21 +185,24 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None) ->
             # samples were cut to data.max_length; the largest bucket may be smaller than that
             _truncate_to(data, buckets[-1], spec.overlong)
     planner = BatchPlanner(
-        lengths=tuple(data.train_lengths), batch_size=spec.batch_size,
+        lengths=tuple(data.train_lengths), batch_size=spec.batch_size * world,
         buckets=tuple(buckets) if buckets else None, shuffle=spec.shuffle, seed=spec.seed,
         drop_last=spec.last_batch == "drop", multiple=1 if mode == "dynamic" else spec.pad_to_multiple_of,
     )
     try:
         used = planner.used_lengths(steps)
     except ValueError as exc:
-        from neurontrain.errors import UsageError
-
+        if world > 1:
+            raise UsageError(f"{len(data.train_lengths)} training samples make no global batch of "
+                             f"{spec.batch_size} x {world} workers = {spec.batch_size * world} "
+                             "(with data.last_batch: drop); use fewer workers or a smaller data.batch_size") from None
         raise UsageError(str(exc)) from None
     eval_batches = (
-        fixed_batches(data.eval_lengths, spec.eval_batch_size or spec.batch_size, buckets)
+        fixed_batches(data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets)
         if _has_eval(recipe, data) else []
     )
-    return RunPlan(recipe, backend, data, config, dims, buckets, mode, planner, eval_batches, used, estimate, notes)
+    return RunPlan(recipe, backend, data, config, dims, buckets, mode, planner, eval_batches, used, estimate, notes,
+                   world, world > 1 and reduces_on_host(backend))
 
 
 def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:

@@ -16,6 +16,7 @@ from neurontrain.backend import Backend
 from neurontrain.checkpoint import training as ckpt
 from neurontrain.data.collate import Collator
 from neurontrain.errors import UsageError
+from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, write_summary
 from neurontrain.loop import steps
@@ -44,10 +45,14 @@ def _progress(total: int, initial: int):
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path, manifest_graphs: set[str] | None = None) -> None:
+    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path, manifest_graphs: set[str] | None = None,
+                 dp: DataParallel | None = None) -> None:
         """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is checked
-        against them (a miss is an unexpected graph)."""
+        against them (a miss is an unexpected graph). dp: this worker's place among plan.world workers."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
+        self.dp = dp or DataParallel()
+        if self.dp.world != plan.world:
+            raise ValueError(f"plan for {plan.world} workers run by a group of {self.dp.world}")
         self.recipe = plan.recipe
         self.ckpt_root = output_dir / "checkpoints"
         self.manifest_graphs = manifest_graphs
@@ -67,7 +72,9 @@ class Trainer:
         """(step, data position, checkpoint state) from the newest complete checkpoint, if resuming."""
         if not self.recipe.checkpoint.resume:
             return 0, 0, None
-        ckpt.remove_partial(self.ckpt_root)
+        if self.dp.is_master:
+            ckpt.remove_partial(self.ckpt_root)
+        self.dp.barrier()
         path = ckpt.latest_checkpoint(self.ckpt_root)
         if path is None:
             return 0, 0, None
@@ -75,12 +82,16 @@ class Trainer:
         if meta.get("fingerprint") != self.recipe.fingerprint():
             raise UsageError(f"checkpoint {path} was written by a different recipe; use another --output-dir "
                              "or set checkpoint.resume=false")
+        if meta.get("world_size", 1) != self.plan.world:
+            raise UsageError(f"checkpoint {path} was written by {meta.get('world_size', 1)} workers, this run has "
+                             f"{self.plan.world} (its data position counts global batches of that size); use "
+                             "another --output-dir or the same number of workers")
         model.load_state_dict(state["model"])
         return int(meta["step"]), int(state["data_position"]), state
 
     # -- steps --------------------------------------------------------------------------------------
     def _evaluate(self, model: torch.nn.Module, step: int, guard: RecompilationGuard, collator: Collator) -> dict:
-        totals = torch.zeros(3, dtype=torch.float64)
+        totals = torch.zeros(3, dtype=torch.float64)  # loss x counted, counted, correct
 
         def accumulate(stats: torch.Tensor) -> None:
             totals.add_(stats.detach().cpu().to(torch.float64))
@@ -90,6 +101,8 @@ class Trainer:
         with torch.no_grad():
             for batch in loader:
                 batch.pop("real_tokens")
+                if batch.pop("loss_items") == 0 and self.dp.enabled:
+                    continue  # this worker's share of a partial batch is empty
                 stats = steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
                 self.backend.add_step_closure(accumulate, (stats,))
                 key = ("eval", batch["input_ids"].shape[1])
@@ -97,7 +110,7 @@ class Trainer:
                 self.backend.sync()
                 guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
         model.train()
-        loss_sum, counted, correct = totals.tolist()
+        loss_sum, counted, correct = self.dp.all_reduce_host(totals).tolist()
         out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
         if self.recipe.task == "sequence-classification":
             out["eval_accuracy"] = correct / counted if counted else float("nan")
@@ -127,16 +140,16 @@ class Trainer:
         graph = self._graph_id(("setup",), lambda: steps.state_tensors(model, optimizer))
         backend.sync()
         guard.after_sync(("setup",), start_step, graph=graph)
-        if state is not None:
-            # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
-            # seed as it was after the step's own sync.
-            torch.set_rng_state(state["rng"]["torch_cpu"])
-            backend.set_rng_state(state["rng"]["backend"])
+        # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
+        # seed as it was after the step's own sync.
+        self._seed(state)
 
-        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None)
-        collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id)
+        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None, write=self.dp.is_master)
+        rank, world = self.dp.rank, self.dp.world
+        collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id,
+                            rank, world)
         eval_collator = Collator(plan.data.eval_ids, plan.data.eval_labels, recipe.task,
-                                 data.eval_batch_size or data.batch_size, plan.data.pad_id)
+                                 data.eval_batch_size or data.batch_size, plan.data.pad_id, rank, world)
         remaining = (train.max_steps - start_step) * train.grad_accum
         stream = (collator(b) for b in itertools.islice(plan.planner.iterate(position), remaining))
         loader = iter(backend.wrap_loader(stream, recipe.runtime.loader))
@@ -146,39 +159,47 @@ class Trainer:
         progress = _progress(train.max_steps, start_step)
         last_eval: dict = {}
 
-        def log_step(step: int, lr: float, *losses: torch.Tensor) -> None:
-            loss = sum(float(x.item()) for x in losses) / len(losses)
+        def log_step(step: int, lr: float, loss: float) -> None:
             now = time.perf_counter()
             seconds = max(now - interval.start, 1e-9)
-            record = {"step": step, "loss": loss, "lr": lr, "tokens_per_second": interval.real_tokens / seconds,
+            real, slots = self._global_counts(interval.real_tokens, interval.slot_tokens)
+            record = {"step": step, "loss": loss, "lr": lr, "tokens_per_second": real / seconds,
                       "compilations": backend.compile_count() - compiles_at_start,
-                      "padding_fraction": 1.0 - interval.real_tokens / max(interval.slot_tokens, 1)}
+                      "padding_fraction": 1.0 - real / max(slots, 1)}
             metrics.log(record)
             progress.set_postfix(loss=f"{loss:.4f}", refresh=False)
             interval.start, interval.real_tokens, interval.slot_tokens = now, 0, 0
 
         for step in range(start_step + 1, train.max_steps + 1):
-            micro_losses, length = [], 0
+            micro_losses, length, items = [], 0, 0
             for _ in range(train.grad_accum):
                 batch = next(loader)
-                real = batch.pop("real_tokens")
+                real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
                 length = batch["input_ids"].shape[1]
                 slots = batch["input_ids"].numel()
                 interval.real_tokens += real
                 interval.slot_tokens += slots
                 totals["real"] += real
                 totals["slots"] += slots
+                if n_items == 0 and self.dp.enabled:
+                    continue  # a partial last batch left this worker no rows: it adds nothing (and no NaN)
+                items += n_items
                 micro_losses.append(steps.micro_step(model, batch, recipe, plan.dims, backend.autocast))
-                if train.grad_accum > 1:
+                if plan.split_step:
                     key = ("train-micro", length)
                     graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses[-1:])
                     backend.sync()
                     guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
+            log_now = step == 1 or step % train.log_every == 0 or step == train.max_steps
+            global_loss = self._reduce_gradients(params, micro_losses, items)
             lr = steps.optimizer_step(params, optimizer, scheduler, recipe)
             position += train.grad_accum
-            if step == 1 or step % train.log_every == 0 or step == train.max_steps:
-                backend.add_step_closure(log_step, (step, lr, *micro_losses))
-            key = ("train", length) if train.grad_accum == 1 else ("optimizer",)
+            if log_now and isinstance(global_loss, float):
+                log_step(step, lr, global_loss)  # host reduction: the loss is on the host already
+            elif log_now:
+                backend.add_step_closure(lambda s, r, *x: log_step(s, r, sum(float(v.item()) for v in x) / len(x)),
+                                         (step, lr, *([global_loss] if global_loss is not None else micro_losses)))
+            key = ("optimizer",) if plan.split_step else ("train", length)
             graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses)
             backend.sync()
             guard.after_sync(key, step, {"input_ids": [data.batch_size, length]}, graph=graph)
@@ -194,9 +215,11 @@ class Trainer:
                 self._save(step, position, model, optimizer, scheduler)
         progress.close()
         metrics.close()
-        if recipe.checkpoint.save_final and _is_master():
+        if recipe.checkpoint.save_final and self.dp.is_master:
             self._export(model)
         train_records = [r for r in metrics.records if "loss" in r]
+        totals["real"], totals["slots"] = self._global_counts(totals["real"], totals["slots"])
+        self.dp.barrier()
         wall = time.perf_counter() - wall_start
         summary = {
             "recipe": recipe.name,
@@ -213,6 +236,11 @@ class Trainer:
             "unexpected": guard.unexpected,
             "hidden_host_syncs": guard.hidden_syncs,
             "checked_against_manifest": self.manifest_graphs is not None,
+            "world_size": plan.world,
+            "per_worker_batch": data.batch_size,
+            "grad_accum": train.grad_accum,
+            "effective_batch": data.batch_size * plan.world * train.grad_accum,
+            "restarts": self.dp.restart,
             "buckets": plan.buckets,
             "bucket_mode": plan.bucket_mode,
             "buckets_used": sorted(set(plan.train_lengths_used)),
@@ -221,8 +249,49 @@ class Trainer:
             "wall_seconds": wall,
             **{k: v for k, v in last_eval.items() if k != "step"},
         }
-        write_summary(self.output_dir, summary)
+        if self.dp.is_master:
+            write_summary(self.output_dir, summary)
         return summary
+
+    def _global_counts(self, real: int, slots: int) -> tuple[int, int]:
+        if not self.dp.enabled:
+            return real, slots
+        counts = self.dp.all_reduce_host(torch.tensor([real, slots], dtype=torch.float64))
+        return int(counts[0]), int(counts[1])
+
+    def _reduce_gradients(self, params: list[torch.Tensor], micro_losses: list[torch.Tensor],
+                          items: int) -> float | torch.Tensor | None:
+        """Average the step's gradients over all workers. Returns the global loss (a host float after a host
+        reduction, a device scalar after an in-graph one), or None with one worker."""
+        if not self.dp.enabled:
+            return None
+        if self.plan.host_reduce:
+            local = self.backend.to_host(micro_losses) if micro_losses else []
+            mean = sum(float(x) for x in local) / len(local) if local else 0.0
+            stats = self.dp.reduce_on_host(params, self.backend, torch.tensor([mean * items, items], dtype=torch.float64))
+            return float(stats[0] / max(float(stats[1]), 1.0))
+        device = self.backend.device
+        weight = torch.tensor(float(items)).to(device)
+        mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=device)
+        total = self.dp.reduce_in_graph(params, weight)
+        import torch_xla.core.xla_model as xm
+
+        return xm.all_reduce(xm.REDUCE_SUM, mean * weight) / total.clamp(min=1.0)
+
+    def _seed(self, state: dict | None) -> None:
+        """Restore the RNG of a resumed run (this worker's own, when the checkpoint has one per worker); a fresh
+        run with several workers gives each its own dropout stream (worker 0 keeps the one-worker stream)."""
+        backend = self.backend
+        if state is not None:
+            rng = state["rng"]
+            per_rank = rng.get("per_rank")
+            mine = per_rank[self.dp.rank] if per_rank and len(per_rank) == self.dp.world else rng
+            torch.set_rng_state(mine["torch_cpu"])
+            backend.set_rng_state(mine["backend"])
+        elif self.dp.enabled and self.dp.rank:
+            torch.manual_seed(self.recipe.train.seed + 7919 * self.dp.rank)
+            if backend.is_xla:
+                backend.set_rng_state(int(backend.rng_state()) + 7919 * self.dp.rank)
 
     def _report(self, message: str) -> None:
         from tqdm import tqdm
@@ -230,17 +299,25 @@ class Trainer:
         tqdm.write(message, file=sys.stderr)
 
     def _save(self, step: int, position: int, model, optimizer, scheduler) -> None:
+        """Every worker holds the same weights: worker 0 writes, between two barriers (all workers finished the
+        step before; nobody goes on before the checkpoint is complete)."""
+        rng = {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()}
         state = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "data_position": position,
-            "rng": {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()},
+            "rng": {**rng, "per_rank": self.dp.all_gather_object(rng) if self.dp.enabled else None},
         }
         meta = {"step": step, "fingerprint": self.recipe.fingerprint(), "recipe": self.recipe.name,
-                "backend": self.backend.name, "data_position": position, "time": time.time()}
+                "backend": self.backend.name, "data_position": position, "time": time.time(),
+                "world_size": self.plan.world}
+        self.dp.barrier()
+        # xm.save is a collective where the xla backend spans the workers; on host-reduce backends each
+        # worker's runtime is a world of one, so only worker 0 calls it.
         ckpt.save_checkpoint(self.ckpt_root, step, state, meta, self.recipe.checkpoint.keep, self.backend.save,
-                             _is_master())
+                             self.dp.is_master, all_ranks_save=not self.plan.host_reduce)
+        self.dp.barrier()
 
     def _export(self, model: torch.nn.Module) -> None:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""

@@ -1,0 +1,87 @@
+"""Start this node's workers through torch.distributed.run (torchrun's own argument parsing and elastic agent),
+and turn a failed group into one line and an exit code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from neurontrain.errors import NeurontrainError, UsageError
+from neurontrain.launch.topology import Topology, torchrun_args
+
+
+class WorkersFailed(NeurontrainError):
+    """A worker failed after every allowed restart; exit code: the worker's own when it was 2 or 3, else 1."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def launch(topology: Topology, worker_argv: list[str]) -> None:
+    """Run `python -m neurontrain <worker_argv>` as topology.nproc_per_node workers of the job; returns when
+    every worker of the group has exited 0, restarting the group up to topology.max_restarts times."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = torchrun.parse_args(torchrun_args(topology) + ["--module", "neurontrain", *worker_argv])
+    if args.standalone:  # as torchrun's own run() does
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # torchrun would set 1 (with a banner); share the node's cores among its workers instead
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // topology.nproc_per_node))
+    config, cmd, cmd_args = torchrun.config_from_args(args)
+    # The agent logs every restart and failure at WARNING/ERROR with tracebacks; our one-line summary is enough.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    where = topology.rdzv_endpoint or f"{topology.master_addr}:{topology.master_port}"
+    try:
+        elastic_launch(config, cmd)(*cmd_args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with code {code}"
+        restarts = f" after {topology.max_restarts} restart{'s' if topology.max_restarts != 1 else ''}" \
+            if topology.max_restarts else ""
+        raise WorkersFailed(f"worker rank {rank} (pid {failure.pid}) {how}{restarts}; see its error above",
+                            code if code in (2, 3) else 1) from None
+    except RendezvousError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WorkersFailed(f"rendezvous at {where} failed within {topology.rdzv_timeout} s "
+                            f"({type(exc).__name__}: {first})", 1) from None
+    except (RuntimeError, OSError) as exc:  # e.g. DistNetworkError: the master's store cannot be reached
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WorkersFailed(f"cannot start the workers' rendezvous at {where}: {type(exc).__name__}: {first[:300]}",
+                            1) from None
+
+
+def check_master_address(topology: Topology) -> None:
+    """A master address that does not resolve is bad input (exit 2), found before any worker starts."""
+    if topology.nnodes == 1 and topology.rdzv_endpoint is None:
+        return
+    host = topology.rdzv_endpoint.rpartition(":")[0] if topology.rdzv_endpoint else topology.master_addr
+    try:
+        socket.getaddrinfo(host.strip("[]"), None)
+    except OSError as exc:
+        raise UsageError(f"cannot resolve the master address {host!r}: {exc.strerror or exc}") from None
+
+
+def worker_argv(recipe: str, output_dir: str, overrides: list[str], backend: str | None,
+                no_preflight: bool) -> list[str]:
+    argv = ["run", recipe, "--output-dir", output_dir]
+    for expr in overrides:
+        argv += ["--set", expr]
+    if backend:
+        argv += ["--backend", backend]
+    if no_preflight:
+        argv.append("--no-preflight")
+    return argv
+
+
+def in_worker() -> bool:
+    """Whether this process is a worker started by torchrun (ours or the user's own)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+

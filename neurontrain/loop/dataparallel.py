@@ -1,0 +1,130 @@
+"""The worker's side of data parallelism: process group, gradient reduction, barriers, rank-0-only writes.
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; `DataParallel.from_env()` reads
+them (a plain `neurontrain run` is a world of one and touches no process group).
+
+Gradients of a step are averaged over every label the step saw, on all workers together: each worker's
+gradient is weighted by its number of loss items (tokens for causal LM, samples for classification), so the
+result is the gradient of the mean loss over the global batch, whatever the split of padding between workers.
+With train.grad_accum > 1 a worker's own gradient stays the mean of its micro-batch means (as in a one-worker
+run) before that weighting.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from neurontrain.backend import Backend
+
+
+@dataclass
+class DataParallel:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    restart: int = 0           # TORCHELASTIC_RESTART_COUNT: how often torchrun restarted this group
+    _group: Any = None         # gloo group for host tensors and objects
+    _started: bool = False
+
+    @classmethod
+    def from_env(cls) -> "DataParallel":
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)),
+                   int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    def start(self, backend: Backend, timeout_s: float) -> None:
+        """Join the process group: gloo for host tensors on every backend; Neuron and XLA:CUDA also the xla
+        backend for the in-graph gradient all-reduce."""
+        if not self.enabled or self._started:
+            return
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        if backend.collectives == "xla":
+            import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+
+            dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+            self._group = None  # the default group is gloo
+        self._started = True
+
+    def close(self) -> None:
+        if self._started:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._started = False
+
+    # -- host-side collectives -------------------------------------------------------------------------
+    def barrier(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._group)
+
+    def all_reduce_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a CPU tensor over workers, in place."""
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self._group)
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    # -- gradients ------------------------------------------------------------------------------------------
+    def reduce_on_host(self, params: list[torch.Tensor], backend: Backend, stats: torch.Tensor) -> torch.Tensor:
+        """After the micro-step sync: weighted all-reduce of the gradients through host copies, written back
+        as device data (the optimizer graph's inputs). stats = [loss x items, items, ...] (float64) is summed
+        in the same round; returns it."""
+        grads = [p.grad for p in params]
+        host = backend.to_host(grads)
+        items = float(stats[1])
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in host])
+        if items > 0:
+            flat.mul_(items)
+        else:
+            flat.zero_()  # a worker without labels this step (partial last batch): no weight, no NaN
+        self.all_reduce_host(flat)
+        self.all_reduce_host(stats)
+        flat.div_(max(float(stats[1]), 1.0))
+        chunks = [c.view_as(g).to(g.dtype) for c, g in zip(flat.split([g.numel() for g in host]), host)]
+        for param, grad in zip(params, backend.to_device(chunks)):
+            param.grad = grad
+        return stats
+
+    def reduce_in_graph(self, params: list[torch.Tensor], items: torch.Tensor) -> torch.Tensor:
+        """Neuron / XLA:CUDA: the same weighted mean, as all-reduces inside the step's graph (xm.all_reduce,
+        what xm.optimizer_step does, plus the weights). `items` is this worker's loss-item count on the device;
+        returns the global count. Written to torch-xla's API; not runnable on XLA:CPU (see DESIGN.md)."""
+        import torch_xla.core.xla_model as xm
+
+        grads = [p.grad for p in params]
+        total = xm.all_reduce(xm.REDUCE_SUM, items.clone())
+        scaled = [g * items for g in grads]
+        xm.all_reduce(xm.REDUCE_SUM, scaled)
+        for g, s in zip(grads, scaled):
+            g.copy_(s / total.clamp(min=1.0))
+        return total
