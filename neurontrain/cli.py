@@ -13,6 +13,7 @@ from typing import Sequence
 
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.launch.run import add_launch_arguments, cmd_run
+from neurontrain.launch.submit import add_submit_parser, cmd_submit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,6 +111,8 @@ def _build_parser() -> argparse.ArgumentParser:
     health.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
     health.add_argument("--json", dest="json_file", help="write every figure to this file")
     health.add_argument("--work-dir", help="where workers write their progress (default: a temporary directory)")
+
+    add_submit_parser(sub)
 
     env = sub.add_parser("env", help="print the backend, devices and package versions")
     env.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
@@ -315,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         handler = {"run": cmd_run, "env": _cmd_env, "precompile": _cmd_precompile,
-                   "cache": _cmd_cache, "checkpoint": _cmd_checkpoint, "health": _cmd_health}[args.command]
+                   "cache": _cmd_cache, "checkpoint": _cmd_checkpoint, "health": _cmd_health,
+                   "submit": cmd_submit}[args.command]
         return handler(args)
     except NeurontrainError as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)
