@@ -1,0 +1,185 @@
+"""Data-parallel runs with real torchrun workers on XLA:CPU (gloo between them), elastic restart after a
+SIGKILL, bad combinations, and a real single-node Slurm running the generated sbatch script."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, read_json, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
+BERT = str(RECIPES / "tiny-bert-classification.yaml")
+LLAMA_ARGS = ["--set", "train.max_steps=16", "--set", "train.log_every=1", "--set", "checkpoint.every=4",
+              "--set", "data.buckets=[128]"]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def _assert_curves_match(one: Path, two: Path, steps: int) -> None:
+    a, b = _losses(one), _losses(two)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+    assert worst < 1e-3, f"2-worker loss differs from 1-worker by {worst:.2e} relative"
+
+
+@pytest.fixture(scope="module")
+def llama_two_workers(tmp_path_factory) -> Path:
+    """The 2-worker tiny-Llama run the other tests compare against. Where a real Slurm can be started here
+    (root and slurm-wlm, as in CI), the run is the job of the sbatch script `submit slurm` writes, on a
+    single-node Slurm cluster; elsewhere the same run is started directly."""
+    import slurm_cluster
+
+    root = tmp_path_factory.mktemp("dp")
+    out = root / "two"
+    if slurm_cluster.available() is not None:
+        result = run_cli("run", LLAMA, "-o", str(out), "--nproc-per-node", "2", *LLAMA_ARGS)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return out
+    cluster = slurm_cluster.SlurmCluster(root / "slurm").start()
+    try:
+        result = run_cli("submit", "slurm", LLAMA, "--nodes", "1", "--nproc-per-node", "2", "--backend", "xla-cpu",
+                         "-o", str(out), "--master-port", str(_free_port()), "--max-restarts", "0", "--submit",
+                         "--job-name", "llama-dp", *LLAMA_ARGS, timeout=120)
+        assert result.returncode == 0, result.stderr
+        submitted = json.loads(result.stdout)
+        state = cluster.wait(submitted["job_id"], timeout=400)
+        log = Path(submitted["log"])
+        assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else state
+        (root / "slurm-job.json").write_text(json.dumps({**submitted, "state": state}))
+    finally:
+        cluster.stop()
+    return out
+
+
+def test_two_llama_workers_match_one_worker_with_the_same_global_batch(llama_two_workers, tmp_path):
+    one = tmp_path / "one"
+    result = run_cli("run", LLAMA, "-o", str(one), "--no-preflight", "--set", "data.batch_size=16", *LLAMA_ARGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_curves_match(one, llama_two_workers, 16)
+    two = read_json(llama_two_workers / "summary.json")
+    assert (two["world_size"], two["per_worker_batch"], two["effective_batch"]) == (2, 8, 16)
+    assert read_json(one / "summary.json")["effective_batch"] == 16
+    assert two["unexpected_graphs"] == 0 and two["restarts"] == 0
+    assert abs(two["eval_loss"] - read_json(one / "summary.json")["eval_loss"]) < 1e-3 * two["eval_loss"]
+    preflight = read_metrics(llama_two_workers / "preflight.jsonl")
+    assert len(preflight) == 1 and [r["rank"] for r in preflight[0]["ranks"]] == [0, 1]
+    assert {c["check"] for c in preflight[0]["ranks"][1]["checks"]} >= {"device matmul", "all_reduce", "all_gather"}
+
+
+def test_two_bert_workers_match_one_worker(tmp_path):
+    # Dropout off: a mask drawn per worker cannot equal a mask drawn for the whole batch.
+    common = ["--no-preflight", "--set", "train.max_steps=12", "--set", "train.log_every=1", "--set",
+              "checkpoint.every=0", "--set", "data.buckets=[128]", "--set", "model.config.hidden_dropout_prob=0",
+              "--set", "model.config.attention_probs_dropout_prob=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    r1 = run_cli("run", BERT, "-o", str(one), "--set", "data.batch_size=16", *common)
+    r2 = run_cli("run", BERT, "-o", str(two), "--nproc-per-node", "2", "--set", "data.batch_size=8", *common)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    _assert_curves_match(one, two, 12)
+    s1, s2 = read_json(one / "summary.json"), read_json(two / "summary.json")
+    assert abs(s1["eval_loss"] - s2["eval_loss"]) < 1e-3 * s1["eval_loss"]
+    assert s1["eval_accuracy"] == s2["eval_accuracy"]
+
+
+def _worker_pid(output_dir: Path, rank: int) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(output_dir).encode() in cmdline and f"RANK={rank}".encode() in environ \
+                and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ):
+            return int(proc.name)
+    return None
+
+
+def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", "run", LLAMA, "-o", str(out), "--nproc-per-node", "2",
+                             "--max-restarts", "1", *LLAMA_ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 300
+        while not (out / "checkpoints" / "step_00000004" / "COMPLETE").exists():
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.1)
+        pid = _worker_pid(out, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
+    assert sorted(_losses(out)) == list(range(1, 17))  # steps after the checkpoint were logged again, once
+    preflight = read_metrics(out / "preflight.jsonl")
+    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
+    verify = run_cli("checkpoint", "verify", str(llama_two_workers / "model"), str(out / "model"), timeout=120)
+    assert verify.returncode == 0 and "EQUAL" in verify.stdout, verify.stdout + verify.stderr
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--nproc-per-node", "2", "--set", "train.global_batch_size=24"], 2,
+     "train.global_batch_size 24 is not divisible by data.batch_size 8 x 2 workers = 16"),
+    (["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid"], 2,
+     "cannot resolve the master address"),
+    (["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"], 1,
+     "rendezvous at 127.0.0.1:1"),
+])
+def test_bad_combinations_exit_with_one_line(tmp_path, args, code, message):
+    t0 = time.time()
+    result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), *args, timeout=120)
+    assert result.returncode == code, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("neurontrain: error:") and message in last, last
+    assert "Traceback" not in result.stderr
+    assert time.time() - t0 < 90
+
+
+def test_failing_worker_preflight_exits_3_naming_the_rank(tmp_path):
+    result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), "--nproc-per-node", "2",
+                     "--set", "runtime.expected_devices=4", timeout=180)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "preflight failed on xla-cpu, rank 0" in result.stderr and "device count" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_generated_sbatch_ran_on_a_real_slurm(llama_two_workers):
+    import slurm_cluster
+
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(why)
+    job = read_json(llama_two_workers.parent / "slurm-job.json")
+    assert job["state"] == "COMPLETED" and Path(job["script"]).name == "llama-dp.sbatch"
+    log = Path(job["log"]).read_text()
+    assert "2 workers x batch 8" in log and "preflight ok" in log
+    summary = read_json(llama_two_workers / "summary.json")
+    assert summary["world_size"] == 2 and summary["steps"] == 16
+    assert (llama_two_workers / "checkpoints" / "step_00000016" / "COMPLETE").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
