@@ -68,6 +68,7 @@ class _Tracer:
     def _batch(self, collate: Collator, planned: PlannedBatch) -> tuple[dict, dict]:
         batch = collate(planned)
         batch.pop("real_tokens")
+        batch.pop("loss_items")
         shapes = {k: list(v.shape) for k, v in batch.items()}
         return {k: v.to(self.device) for k, v in batch.items()}, shapes
 
