@@ -59,7 +59,12 @@ class DataParallel:
             dist.init_process_group("xla", init_method="xla://", timeout=timeout)
             self._group = dist.new_group(backend="gloo", timeout=timeout)
         else:
-            dist.init_process_group("gloo", timeout=timeout)
+            # torchrun's workers share the agent's store across restarts, and env:// adds no per-attempt prefix:
+            # a restarted group could read the dead workers' gloo addresses (seen here as "connection
+            # refused" after a SIGKILL). Key this attempt's rendezvous by the restart count.
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"neurontrain/attempt_{self.restart}", store)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
             self._group = None  # the default group is gloo
         self._started = True
 
