@@ -89,6 +89,8 @@ def _build_parser() -> argparse.ArgumentParser:
     mig.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
     mig.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     mig.add_argument("--max-shard-size", type=int, default=2048, help="MiB per safetensors file (--to gpu)")
+    mig.add_argument("--pad-vocab-to-multiple-of", type=int, metavar="N", help="--to neuron: zero-pad the vocabulary "
+                     "to a multiple of N and of --tp (without it: padded to a multiple of --tp only when needed)")
     ver = ksub.add_parser("verify", help="compare two checkpoints tensor by tensor (any formats)")
     ver.add_argument("a")
     ver.add_argument("b")
@@ -222,7 +224,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         if args.max_shard_size < 1:
             raise UsageError("--max-shard-size must be at least 1 (MiB)")
         opts = MigrateOptions(args.to, args.tp, args.pp, args.dtype, args.fuse_qkv, args.with_optimizer,
-                              args.overwrite, Path(args.config) if args.config else None, args.max_shard_size << 20)
+                              args.overwrite, Path(args.config) if args.config else None, args.max_shard_size << 20,
+                              args.pad_vocab_to_multiple_of)
         print(json.dumps(migrate(Path(args.src), Path(args.dst), opts)))
         return 0
     from neurontrain.checkpoint.migrate import open_checkpoint

@@ -6,46 +6,13 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from checkpoint_models import HEAD_DIM, HEADS, HIDDEN, KV, LAYERS, VOCAB, bert, hf_tensors, llama, rank_file
 from conftest import run_cli
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
 from neurontrain.checkpoint.rules import ShardingSpec, kv_heads_of_rank, query_heads_of_rank
 from neurontrain.checkpoint.verify import compare, logits_diff
 from neurontrain.errors import UsageError
-
-HEADS, KV, HEAD_DIM, HIDDEN, VOCAB, LAYERS = 8, 2, 8, 64, 128, 4
-
-
-def llama(tmp_path, tied=False, name="hf"):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=HEAD_DIM,
-                         max_position_embeddings=64, tie_word_embeddings=tied)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(tmp_path / name)
-    return model, tmp_path / name
-
-
-def bert(tmp_path):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=64, num_labels=2)
-    model = BertForSequenceClassification(config)
-    model.save_pretrained(tmp_path / "bert")
-    return model, tmp_path / "bert"
-
-
-def hf_tensors(path):
-    return load_file(str(path / "model.safetensors"))
-
-
-def rank_file(path, tp, pp):
-    return torch.load(path / "model" / f"dp_rank_00_tp_rank_{tp:02d}_pp_rank_{pp:02d}.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -252,6 +219,10 @@ def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsy
         (["migrate", str(src), str(tmp_path / "exists"), "--to", "neuron"], "exists (use --overwrite"),
         (["migrate", str(src), str(tmp_path / "d5"), "--to", "neuron", "--tp", "0"], "--tp must be at least 1"),
         (["verify", str(src), str(tmp_path / "missing")], "does not exist"),
+        (["migrate", str(src), str(tmp_path / "d6"), "--to", "neuron", "--pad-vocab-to-multiple-of", "0"],
+         "--pad-vocab-to-multiple-of must be at least 1"),
+        (["migrate", str(src), str(tmp_path / "d7"), "--to", "gpu", "--pad-vocab-to-multiple-of", "8"],
+         "applies to --to neuron"),
     ]
     capsys.readouterr()  # drop the set-up's progress bars
     for args, message in cases:
@@ -260,7 +231,7 @@ def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsy
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert code == 2, (args, stderr[-1500:])
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in stderr, (args, stderr[-1500:])
-    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4", "d5"))
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4", "d5", "d6", "d7"))
     assert not list(tmp_path.glob(".d*.partial*"))
 
 
@@ -370,3 +341,4 @@ def test_a_failure_mid_migration_leaves_no_destination(tmp_path):
         migrate(nxd, tmp_path / "out", MigrateOptions("gpu", max_shard_bytes=16 << 10))
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+

@@ -3,6 +3,8 @@
 Tensors are read one at a time and each output file is written before the next one is built, so peak
 memory stays near the largest output file. The destination is built in a temporary sibling directory and
 renamed into place when complete; an existing destination is refused unless overwrite is asked for.
+A vocabulary that TP does not divide is zero-padded on the way to Neuron (see rules.py) and the padding is
+stripped on the way back; checkpoint_spec.json records both sizes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from neurontrain.checkpoint.formats import TensorSource, open_gpu_checkpoint
 from neurontrain.checkpoint.nxd import (SPEC_FILE, NxdReader, fused_groups, is_nxd_checkpoint, rank_file,
                                         rank_tensors, stage_names)
-from neurontrain.checkpoint.rules import ShardingSpec
+from neurontrain.checkpoint.rules import ShardingSpec, vocab_size_with_padding
 from neurontrain.errors import UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -38,6 +40,7 @@ class MigrateOptions:
     overwrite: bool = False
     config: Path | None = None
     max_shard_bytes: int = 2 << 30
+    pad_vocab_multiple: int | None = None  # --to neuron: pad the vocabulary to a multiple of this and of TP
 
 
 def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
@@ -66,7 +69,7 @@ def _toolkit_config(checkpoint_dir: Path) -> Path | None:
 
 
 def spec_from_config(config: dict | None, names: list[str], tp: int, pp: int, fuse_qkv: bool,
-                     dtype: str | None) -> ShardingSpec:
+                     dtype: str | None, pad_vocab_multiple: int | None = None) -> ShardingSpec:
     if config is None:
         raise UsageError("no model config.json found beside the checkpoint: pass --config with the Hugging Face "
                          "config (a directory or a config.json)")
@@ -79,9 +82,10 @@ def spec_from_config(config: dict | None, names: list[str], tp: int, pp: int, fu
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     tied = bool(config.get("tie_word_embeddings", family != "bert")) and not any(n.endswith("lm_head.weight")
                                                                                 for n in names)
+    vocab = config.get("vocab_size") or 0
     spec = ShardingSpec(family=family, tp=tp, pp=pp, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-                        head_dim=head_dim, vocab_size=config.get("vocab_size", 0), fuse_qkv=fuse_qkv,
-                        tied_embeddings=tied, dtype=dtype, names=list(names))
+                        head_dim=head_dim, vocab_size=vocab, fuse_qkv=fuse_qkv, tied_embeddings=tied, dtype=dtype,
+                        names=list(names), padded_vocab_size=vocab_size_with_padding(vocab, tp, pad_vocab_multiple))
     spec.validate()
     return spec
 
@@ -134,7 +138,8 @@ def _progress(total: int, desc: str):
 
 def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     names = source.keys()
-    spec = spec_from_config(source.config, names, opts.tp or 1, opts.pp or 1, opts.fuse_qkv, opts.dtype)
+    spec = spec_from_config(source.config, names, opts.tp or 1, opts.pp or 1, opts.fuse_qkv, opts.dtype,
+                            opts.pad_vocab_multiple)
     optimizer = source.optimizer_state() if opts.with_optimizer else None
     if opts.with_optimizer and optimizer is None:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
@@ -160,7 +165,17 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         (out / "done").touch()
     return {"to": "neuron", "tp": spec.tp, "pp": spec.pp, "files": files, "tensors": len(names),
-            "optimizer": optimizer is not None, "destination": str(dest)}
+            "optimizer": optimizer is not None, "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
+            "destination": str(dest)}
+
+
+def _padding_report(spec: ShardingSpec, multiple: int | None) -> dict | None:
+    if not spec.vocab_padding:
+        return None
+    reason = (f"--pad-vocab-to-multiple-of {multiple} with --tp {spec.tp}" if multiple
+              else f"--tp {spec.tp} does not divide {spec.vocab_size} (automatic)")
+    return {"vocab_size": spec.vocab_size, "padded_vocab_size": spec.vocab_rows, "zero_rows": spec.vocab_padding,
+            "reason": reason}
 
 
 def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: int) -> dict:
@@ -230,8 +245,9 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
             torch.save({"state": {i: optimizer[n] for i, n in enumerate(ordered)},
                         "param_groups": [{"params": list(range(len(ordered))), "param_names": ordered}]},
                        out / "optimizer.pt")
+    stripped = source.spec.vocab_padding if isinstance(source, NxdReader) else 0
     return {"to": "gpu", "files": len(sizes), "tensors": len(names), "optimizer": optimizer is not None,
-            "destination": str(dest)}
+            "vocab_padding_stripped": stripped, "destination": str(dest)}
 
 
 def migrate(src: Path, dest: Path, opts: MigrateOptions) -> dict:
@@ -239,6 +255,10 @@ def migrate(src: Path, dest: Path, opts: MigrateOptions) -> dict:
         raise UsageError("--to must be neuron or gpu")
     if opts.dtype is not None and opts.dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if opts.pad_vocab_multiple is not None and opts.pad_vocab_multiple < 1:
+        raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
+    if opts.pad_vocab_multiple is not None and opts.to != "neuron":
+        raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
     if dest.resolve() == src.resolve():
         raise UsageError("the destination is the source")
     source = open_checkpoint(src, opts.config)

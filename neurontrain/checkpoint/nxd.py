@@ -6,6 +6,8 @@ as full tensors.
                                                     the file plus <file>.tensors/tensor_<i>.pt)
   <dir>/optim/dp_rank_00_tp_rank_TT_pp_rank_PP.pt   {name: {"exp_avg", "exp_avg_sq", "step"}} (--with-optimizer)
   <dir>/checkpoint_spec.json                        the ShardingSpec: the reverse direction needs no model code
+                                                    (vocab_size and padded_vocab_size: the rows of vocab-split
+                                                    shards beyond vocab_size are padding)
   <dir>/config.json                                 the Hugging Face config, when known
   <dir>/done                                        written last
 """

@@ -3,7 +3,7 @@
 A model family is a list of (pattern, rule) pairs over Hugging Face parameter names; the first match wins.
 Rules:
   replicate   every TP rank holds the whole tensor
-  vocab       split on dim 0 (embeddings, lm_head: vocabulary-parallel)
+  vocab       split on dim 0 (embeddings, lm_head: vocabulary-parallel), zero-padded to padded_vocab_size
   column      split on dim 0 (column-parallel weights and their biases)
   row         split on dim 1 (row-parallel weights; their biases are replicated)
   q / k / v   attention projections, split by heads with GQA awareness (see below); may be fused
@@ -14,10 +14,15 @@ GQA (Neuron's layout): with TP > KV heads, M = TP / KV copies of each KV head ar
 so rank r holds KV head r mod KV, and the query heads are permuted so each rank holds the query heads that
 use its KV head under Hugging Face's grouping (and o_proj's matching columns). With TP <= KV heads, heads
 are split contiguously and no permutation is needed. Merging keeps the first copy of each KV head.
+
+Vocabulary padding (as Megatron and NxD's parallel embedding do): when TP does not divide the vocabulary,
+or a multiple is asked for, vocab-split tensors get zero rows appended up to the padded size before the
+split; merging drops them again, whatever training wrote into them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -70,6 +75,7 @@ class ShardingSpec:
     tied_embeddings: bool = False
     dtype: str | None = None
     names: list[str] = field(default_factory=list)  # the source's parameter names, in order
+    padded_vocab_size: int | None = None  # rows of vocab-split tensors on the Neuron side; None: no padding
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -77,6 +83,14 @@ class ShardingSpec:
     @classmethod
     def from_json(cls, data: dict) -> "ShardingSpec":
         return cls(**data)
+
+    @property
+    def vocab_rows(self) -> int:
+        return self.padded_vocab_size if self.padded_vocab_size is not None else self.vocab_size
+
+    @property
+    def vocab_padding(self) -> int:
+        return self.vocab_rows - self.vocab_size
 
     @property
     def kv_multiplier(self) -> int:
@@ -87,8 +101,10 @@ class ShardingSpec:
             raise UsageError(f"no sharding rules for model type {self.family!r} (known: {', '.join(sorted(FAMILIES))})")
         if self.tp < 1 or self.pp < 1:
             raise UsageError("--tp and --pp must be at least 1")
-        if self.vocab_size % self.tp:
-            raise UsageError(f"vocabulary size {self.vocab_size} is not divisible by --tp {self.tp}")
+        if self.vocab_rows < self.vocab_size:
+            raise UsageError(f"padded vocabulary size {self.vocab_rows} is below the vocabulary size {self.vocab_size}")
+        if self.vocab_rows % self.tp:
+            raise UsageError(f"vocabulary size {self.vocab_rows} is not divisible by --tp {self.tp}")
         if self.num_heads % self.tp:
             raise UsageError(f"{self.num_heads} attention heads are not divisible by --tp {self.tp}")
         if self.tp > self.num_kv_heads and self.tp % self.num_kv_heads:
@@ -99,6 +115,14 @@ class ShardingSpec:
             raise UsageError(f"--pp {self.pp} is more than the {self.num_layers} layers")
         if self.fuse_qkv and self.family == "bert":
             raise UsageError("--fuse-qkv applies to decoder (Llama-style) models only")
+
+
+def vocab_size_with_padding(vocab_size: int, tp: int, multiple_of: int | None = None) -> int:
+    """The smallest size >= vocab_size that both TP and `multiple_of` (when given) divide."""
+    if tp < 1 or (multiple_of is not None and multiple_of < 1):
+        raise ValueError("tp and multiple_of must be at least 1")
+    step = math.lcm(tp, multiple_of or 1)
+    return -(-vocab_size // step) * step
 
 
 def rule_for(spec: ShardingSpec, name: str) -> str:
@@ -164,6 +188,8 @@ def shard(spec: ShardingSpec, rule: str, tensor: torch.Tensor, rank: int) -> tor
     tp = spec.tp
     if rule == "replicate":
         return tensor
+    if rule == "vocab" and spec.vocab_padding:
+        return padded_vocab_shard(spec, tensor, rank)
     if rule in ("vocab", "column", "gate", "up"):
         return tensor.chunk(tp, dim=0)[rank] if tensor.shape[0] % tp == 0 else _indivisible(tensor, 0, tp)
     if rule == "row":
@@ -181,10 +207,28 @@ def _indivisible(tensor: torch.Tensor, dim: int, tp: int):
     raise UsageError(f"a tensor of shape {tuple(tensor.shape)} cannot be split {tp} ways on dim {dim}")
 
 
+def padded_vocab_shard(spec: ShardingSpec, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s rows of the tensor as if zero-padded to spec.vocab_rows (the padding is never built whole)."""
+    if tensor.shape[0] != spec.vocab_size:
+        raise UsageError(f"a vocabulary tensor of shape {tuple(tensor.shape)} does not match the config's "
+                         f"vocab_size {spec.vocab_size}, so it cannot be padded to {spec.vocab_rows} rows")
+    per_rank = spec.vocab_rows // spec.tp
+    start = min(rank * per_rank, spec.vocab_size)
+    real = tensor[start: min((rank + 1) * per_rank, spec.vocab_size)]
+    if real.shape[0] == per_rank:
+        return real
+    return torch.cat([real, real.new_zeros((per_rank - real.shape[0], *tensor.shape[1:]))], dim=0)
+
+
 def merge(spec: ShardingSpec, rule: str, pieces: list[torch.Tensor]) -> torch.Tensor:
     """Inverse of `shard`: the full tensor from every rank's piece, in rank order."""
     if rule == "replicate":
         return pieces[0]
+    if rule == "vocab" and spec.vocab_padding:
+        full = torch.cat(pieces, dim=0)
+        if full.shape[0] != spec.vocab_rows:
+            raise UsageError(f"the shards hold {full.shape[0]} vocabulary rows, the spec says {spec.vocab_rows}")
+        return full[: spec.vocab_size].clone()
     if rule in ("vocab", "column", "gate", "up"):
         return torch.cat(pieces, dim=0)
     if rule == "row":
