@@ -195,26 +195,64 @@ class _MovingLoader:
             yield {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in batch.items()}
 
 
-def select_backend(requested: str = "auto", compiler_flags: list[str] | None = None) -> Backend:
+def neuron_runtime_present() -> bool:
+    """Whether the Neuron runtime's compiler and compile cache (libneuronxla, part of torch-neuronx) is here."""
+    return importlib.util.find_spec("libneuronxla") is not None
+
+
+def _xla_library() -> str | None:
+    spec = importlib.util.find_spec("_XLAC")
+    return spec.origin if spec is not None else None
+
+
+def check_xla_flags(flags: list[str], library: str | None = None) -> None:
+    """XLA aborts the process on a flag it does not know: check each against the flag names compiled into
+    torch-xla's XLA library before XLA sees them (UsageError, one line)."""
+    import mmap
+    import re
+
+    for flag in flags:
+        match = re.fullmatch(r"--(xla_[a-z0-9_]+)(=.*)?", flag)
+        if not match:
+            raise UsageError(f"runtime.xla_flags: {flag!r} is not an XLA flag (expected --xla_<name>[=value]; "
+                             "neuronx-cc flags belong in runtime.compiler_flags)")
+    library = library or _xla_library()
+    if not flags or library is None:
+        return
+    with open(library, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as image:
+        for flag in flags:
+            name = flag[2:].split("=", 1)[0].encode()
+            if image.find(b"\0" + name + b"\0") < 0 and image.find(b"--" + name + b"\0") < 0:
+                raise UsageError(f"runtime.xla_flags: XLA has no flag --{name.decode()} (checked against {library})")
+
+
+def select_backend(requested: str = "auto", compiler_flags: list[str] | None = None,
+                   xla_flags: list[str] | None = None) -> Backend:
+    """compiler_flags are neuronx-cc flags: the Neuron runtime receives them (compile/neuron_runtime.py), XLA
+    never does. xla_flags are checked, then appended to XLA_FLAGS on the XLA backends."""
     name = resolve_backend_name(requested)
     flags = list(compiler_flags or [])
     if name == "neuron":
         if not neuron_available():
             raise UsageError("backend neuron needs torch-neuronx installed and /dev/neuron* devices")
-        if flags:
-            os.environ["NEURON_CC_FLAGS"] = " ".join(flags)
         return Backend(name, "xla", True, flags)
     if name in ("xla-cpu", "xla-cuda"):
         if importlib.util.find_spec("torch_xla") is None:
             raise UsageError(f"backend {name} needs torch-xla (pip install torch-xla==2.9.0)")
         os.environ["PJRT_DEVICE"] = "CPU" if name == "xla-cpu" else "CUDA"
-        if flags:
-            os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+        if xla_flags:
+            check_xla_flags(list(xla_flags))
+            os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + list(xla_flags)).strip()
         # XLA:CPU writes serialized executables but cannot load them back (measured): compiles repeat per run.
         return Backend(name, "gloo" if name == "xla-cpu" else "xla", name == "xla-cuda", flags)
     import torch
 
     return Backend("eager", "nccl" if torch.cuda.is_available() else "gloo", False, flags)
+
+
+def backend_for(runtime: Any) -> Backend:
+    """The backend of a recipe's `runtime` section."""
+    return select_backend(runtime.backend, list(runtime.compiler_flags), list(runtime.xla_flags))
 
 
 def package_versions() -> dict[str, str | None]:

@@ -46,8 +46,10 @@ def _build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--local", help="local directory that mirrors an s3:// cache (default: $NEURONTRAIN_CACHE_DIR "
                                      "or compile_cache)")
     pre.add_argument("--target", choices=["auto", "neuron", "none"], default="auto",
-                     help="compile for this target: neuron runs neuronx-cc (default: the backend's own)")
-    pre.add_argument("--retries", type=int, default=2, help="retries of a compile that was killed or crashed")
+                     help="neuron: the Neuron runtime extracts and compiles every graph into its cache (default "
+                          "where the runtime is installed); none: record the graphs only")
+    pre.add_argument("--retries", type=int, default=2,
+                     help="retries of a failed compile by the runtime (NEURON_PARALLEL_COMPILE_MAX_RETRIES)")
     pre.add_argument("--json", dest="json_file", help="also write the report as JSON to this file")
     pre.add_argument("--nproc-per-node", type=int, default=1, help="plan for this many workers per node")
     pre.add_argument("--nnodes", type=int, default=1, help="plan for this many nodes")
@@ -123,8 +125,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_precompile(args: argparse.Namespace) -> int:
-    from neurontrain.backend import select_backend
+    from neurontrain.backend import backend_for, neuron_runtime_present
     from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.discover import run_plan_id
+    from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_location, describe_location, say
     from neurontrain.compile.precompile import precompile
     from neurontrain.loop.planning import make_plan
     from neurontrain.recipe import load_recipe
@@ -138,18 +142,18 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"runtime.backend={args.backend}"] if args.backend else [])
     recipe = load_recipe(args.recipe, overrides)
     cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
-    backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
-    target = args.target if args.target != "auto" else ("neuron" if backend.name == "neuron" else "none")
-    compiler = None
-    if target == "neuron":
-        from neurontrain.compile.neuron import NeuronCompiler
-
-        compiler = NeuronCompiler(cache.local, backend.compiler_flags, workers=args.workers, retries=args.retries)
+    backend = backend_for(recipe.runtime)
+    target = args.target if args.target != "auto" else ("neuron" if neuron_runtime_present() else "none")
+    if target == "neuron" and not neuron_runtime_present():
+        raise UsageError("--target neuron needs the Neuron runtime (libneuronxla, installed with torch-neuronx)")
+    location = attach_runtime(cache, recipe.runtime) if target == "neuron" else None
+    check_precompile_location(location)
+    if location is not None:
+        os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
+        say(f"Neuron runtime cache: {describe_location(location)}")
     plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
-    from neurontrain.compile.discover import run_plan_id
-
     cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
-    report = precompile(plan, backend, cache.local, compiler)
+    report = precompile(plan, backend, cache.local, through_runtime=target == "neuron", workers=args.workers)
     print(report.table(), file=sys.stderr)
     cache.push_after()
     if args.json_file:
@@ -182,8 +186,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         else:
             print(f"{result['recipe']} plan {result['plan_id']} ({result['backend']}): {result.get('note', '')}")
             for g in result["graphs"]:
-                print(f"  {' '.join(map(str, g['key'])):<18} {g['graph_id'][:16]}  hlo: {','.join(g['hlo']) or 'missing'}"
-                      f"  neff: {g['neff'] or '-'}")
+                modules = "; ".join(f"{m.split('/')[-1]} ({','.join(w) or 'missing'})" for m, w in g["modules"].items())
+                print(f"  {' '.join(map(str, g['key'])):<18} {g['graph_id'][:16]:<16}  hlo: {','.join(g['hlo']) or '-'}"
+                      f"  compiled modules: {modules or '-'}")
         return 0
     if args.cache_command == "ls":
         rows = cachecmd.list_entries(cache)

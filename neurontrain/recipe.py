@@ -142,7 +142,9 @@ class RuntimeSpec(_Strict):
     compile_cache: str = "compile_cache"
     preflight: bool = True          # device checks (and, with several workers, collectives) before training
     expected_devices: int | None = Field(None, ge=1)  # devices each worker must see; checked by preflight
-    compiler_flags: list[str] = []
+    compiler_flags: list[str] = []   # neuronx-cc flags: appended to NEURON_CC_FLAGS for the Neuron runtime only
+    xla_flags: list[str] = []        # XLA flags (--xla_...): appended to XLA_FLAGS, checked against XLA first
+    neuron_target: Literal["auto", "trn1", "trn2", "trn3"] = "auto"  # auto: the runtime's own (the host's)
     collective_timeout: float = Field(600.0, gt=0)  # seconds a worker waits in a collective or barrier
 
 

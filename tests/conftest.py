@@ -78,3 +78,28 @@ def s3_bucket(s3_server, monkeypatch, request):
     client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"])
     client.create_bucket(Bucket=name)
     return name, client
+
+
+STANDIN = REPO / "tests" / "standin"
+
+
+@pytest.fixture
+def neuron_runtime(tmp_path):
+    """The environment of a host with the stand-in Neuron runtime (tests/standin/runtime): libneuronxla on the
+    path, neuronx-cc and the stand-in compile on PATH, a secret module-key salt of this test, and the log of
+    every compile the runtime saw. Yields (env, read_log)."""
+    import secrets
+
+    log = tmp_path / "runtime-events.jsonl"
+    env = {"PYTHONPATH": os.pathsep.join([str(STANDIN / "runtime"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "PATH": os.pathsep.join([str(STANDIN), os.environ["PATH"]]),
+           "NEURON_STANDIN_SALT": secrets.token_hex(16), "NEURON_STANDIN_LOG": str(log),
+           "STANDIN_CC_SECONDS": "0.05"}
+    for key in ("NEURON_CC_FLAGS", "NEURON_COMPILE_CACHE_URL", "NEURON_EXTRACT_GRAPHS_ONLY",
+                "NEURON_PLATFORM_TARGET_OVERRIDE"):
+        env[key] = ""  # never inherited from the machine running the tests
+
+    def read_log() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    yield env, read_log

@@ -36,10 +36,9 @@ class Cache:
         report = self.remote.pull(self.local, only=wanted)
         manifest = load_manifest(path)
         if manifest is not None:
-            ids = manifest.graph_ids()
+            ids, modules = manifest.graph_ids(), set(manifest.module_names())
             remote = self.remote.list_entries()
-            wanted = {p for p in remote if (p.startswith("graphs/") and p.split("/")[1] in ids)
-                      or ("/MODULE_" in p and p.split("/MODULE_")[1].split("+")[0] in ids)}
+            wanted = {p for p in remote if (p.startswith("graphs/") and p.split("/")[1] in ids) or p in modules}
             more = self.remote.pull(self.local, only=wanted)
             report.entries += more.entries
             report.bytes += more.bytes
@@ -93,18 +92,17 @@ def cache_status(recipe, cache: Cache, backend_name: str) -> dict:
     if manifest is None:
         out["note"] = "no manifest for this plan: run `neurontrain precompile` with the same recipe and overrides"
         return out
-    neuron_modules = {}
-    for entry in list(local_entries(cache.local)) + list(remote_entries):
-        if "/MODULE_" in entry:
-            neuron_modules.setdefault(entry.split("/MODULE_")[1].split("+")[0], entry)
+    local = local_entries(cache.local)
     for g in manifest.graphs:
         where = []
-        if (cache.local / g.hlo_file).is_file():
+        if g.hlo_file and (cache.local / g.hlo_file).is_file():
             where.append("local")
         if f"graphs/{g.graph_id}" in remote_entries:
             where.append("remote")
-        out["graphs"].append({"key": g.key, "graph_id": g.graph_id, "hlo": where,
-                              "neff": neuron_modules.get(g.graph_id)})
+        modules = {m: [w for w, present in (("local", m in local), ("remote", m in remote_entries)) if present]
+                   for m in g.modules}
+        out["graphs"].append({"key": g.key, "graph_id": g.graph_id, "hlo": where, "modules": modules,
+                              "compiled": bool(modules) and all(modules.values())})
     return out
 
 

@@ -97,8 +97,11 @@ class _Tracer:
 
 
 def discover(plan: RunPlan, backend: Backend, cache_root: Path,
-             on_graph: Callable[[GraphRecord], None] | None = None) -> Manifest:
-    """Trace every planned graph; write each HLO under cache_root/graphs/<graph id>/ and return the manifest."""
+             on_graph: Callable[[GraphRecord], None] | None = None,
+             extract: Callable[[Callable[[], None]], list[str]] | None = None) -> Manifest:
+    """Trace every planned graph; write each HLO under cache_root/graphs/<graph id>/ and return the manifest.
+    extract: run the pending graph through the Neuron runtime in extraction mode (given the sync to call) and
+    return the module directories the runtime wrote; without it the graph is dropped unexecuted."""
     from neurontrain.compile.store import write_file_atomic
 
     backend.device  # runtime start-up is paid by run and precompile alike; it is not part of discovery
@@ -111,13 +114,14 @@ def discover(plan: RunPlan, backend: Backend, cache_root: Path,
         t0 = time.perf_counter()
         tensors, shapes = tracer.trace(key)
         text, proto = graph_hlo(tensors)
-        del tensors  # drop the pending graph unexecuted
+        modules = extract(backend.sync) if extract is not None and text else []
+        del tensors  # without extraction: drop the pending graph unexecuted
         gid = graph_id(text)
         rel = f"graphs/{gid}/model.hlo_module.pb"
         if not (cache_root / rel).is_file():
             write_file_atomic(cache_root / rel, proto)
             write_file_atomic(cache_root / f"graphs/{gid}/model.hlo.txt", text.encode())
-        record = GraphRecord(list(key), shapes, gid, rel, len(proto), round(time.perf_counter() - t0, 4))
+        record = GraphRecord(list(key), shapes, gid, rel, len(proto), round(time.perf_counter() - t0, 4), modules)
         manifest.graphs.append(record)
         if on_graph:
             on_graph(record)

@@ -23,6 +23,9 @@ class GraphRecord:
     hlo_file: str        # relative to the cache root: graphs/<graph_id>/model.hlo_module.pb
     hlo_bytes: int
     trace_seconds: float
+    # the Neuron runtime's module directories for this graph ("neuronxcc-<v>/MODULE_<key>+<flags>"), as the
+    # runtime named them when it extracted the graph; empty where no Neuron runtime is installed
+    modules: list = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -40,6 +43,9 @@ class Manifest:
 
     def graph_ids(self) -> set[str]:
         return {g.graph_id for g in self.graphs}
+
+    def module_names(self) -> list[str]:
+        return sorted({m for g in self.graphs for m in g.modules})
 
     def to_json(self) -> dict:
         return {"version": MANIFEST_VERSION, "recipe": self.recipe, "plan_id": self.plan_id, "backend": self.backend,

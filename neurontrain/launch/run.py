@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neurontrain.errors import UsageError
 from neurontrain.launch.topology import Topology
+from neurontrain.loop.metrics import write_summary
 
 SUMMARY_KEYS = ("backend", "steps", "world_size", "effective_batch", "restarts", "first_loss", "final_loss",
                 "compilations", "distinct_graphs", "unexpected_graphs", "tokens_per_second", "padding_fraction",
@@ -87,28 +88,60 @@ def _print_summary(summary: dict) -> None:
 
 
 def _single(args: argparse.Namespace, recipe, output_dir: Path) -> int:
-    from neurontrain.backend import select_backend
+    from neurontrain.backend import backend_for
     from neurontrain.compile.cachecmd import resolve_cache
     from neurontrain.compile.discover import run_plan_id
+    from neurontrain.compile.neuron_runtime import attach_runtime
+    from neurontrain.compile.runtime_cache import scan_modules
     from neurontrain.health.preflight import preflight
     from neurontrain.loop.dataparallel import DataParallel
     from neurontrain.loop.planning import make_plan
     from neurontrain.loop.trainer import Trainer
 
-    backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
+    backend = backend_for(recipe.runtime)
+    cache = resolve_cache(recipe.runtime.compile_cache)
+    location = attach_runtime(cache, recipe.runtime)
+    _say_extraction()
+    plan = make_plan(recipe, backend.name)
+    pulled = cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
+    modules_before = scan_modules(Path(location.root)) if location is not None and location.is_local else None
     if recipe.runtime.preflight and not args.no_preflight:
         preflight(backend, recipe, DataParallel())
-    plan = make_plan(recipe, backend.name)
     _announce(plan, backend.name, output_dir)
-    cache = resolve_cache(recipe.runtime.compile_cache)
-    pulled = cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
-    summary = Trainer(plan, backend, output_dir, _manifest_ids(plan, backend.name, cache.local)).run()
+    trainer = Trainer(plan, backend, output_dir, _manifest_ids(plan, backend.name, cache.local))
+    summary = trainer.run()
     pushed = cache.push_after()
+    extra = {}
     if pulled is not None or pushed is not None:
-        summary["compile_cache"] = {"pulled": pulled, "pushed": pushed}
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        extra["compile_cache"] = {"pulled": pulled, "pushed": pushed}
+    if location is not None:
+        extra["neuron_cache"] = neuron_cache_counters(location, modules_before, summary["compilations"])
+    if extra and not trainer.extracting:
+        summary.update(extra)
+        write_summary(output_dir, summary)
     _print_summary(summary)
     return 0
+
+
+def neuron_cache_counters(location, before: dict | None, compilations: int) -> dict:
+    """Graphs the runtime compiled during the run (modules that gained a NEFF) and graphs it loaded from its
+    cache (the run's compilations less those)."""
+    from neurontrain.compile.runtime_cache import gained_neff, scan_modules
+
+    out = {"root": location.root, "source": location.source}
+    if before is not None:
+        compiled = gained_neff(before, scan_modules(Path(location.root)))
+        out.update(compiled_at_run_time=len(compiled), cache_hits=max(compilations - len(compiled), 0),
+                   modules_compiled=compiled)
+    return out
+
+
+def _say_extraction() -> None:
+    from neurontrain.compile.runtime_cache import extraction_mode
+
+    if extraction_mode():
+        print("neurontrain: NEURON_EXTRACT_GRAPHS_ONLY is set: the runtime only extracts graphs and every value "
+              "is fake, so this run writes no checkpoint, model, metrics or summary", file=sys.stderr)
 
 
 def _launch(args: argparse.Namespace, recipe, output_dir: Path, topology: Topology) -> int:
@@ -117,6 +150,8 @@ def _launch(args: argparse.Namespace, recipe, output_dir: Path, topology: Topolo
     from neurontrain.backend import resolve_backend_name
     from neurontrain.compile.cachecmd import resolve_cache
     from neurontrain.compile.discover import run_plan_id
+    from neurontrain.compile.neuron_runtime import attach_runtime
+    from neurontrain.compile.runtime_cache import scan_modules
     from neurontrain.launch.elastic import check_master_address, launch, worker_argv
     from neurontrain.loop.planning import make_plan
 
@@ -125,32 +160,41 @@ def _launch(args: argparse.Namespace, recipe, output_dir: Path, topology: Topolo
     plan = make_plan(recipe, backend, world=topology.world)
     _announce(plan, backend, output_dir)
     cache = resolve_cache(recipe.runtime.compile_cache)
+    location = attach_runtime(cache, recipe.runtime)  # exported to the workers through the environment
+    _say_extraction()
     cache.pull_before(recipe.name, run_plan_id(plan, backend))
+    modules_before = scan_modules(Path(location.root)) if location is not None and location.is_local else None
     launch(topology, worker_argv(args.recipe, str(output_dir), list(args.overrides), args.backend, args.no_preflight))
     cache.push_after()
     summary_file = output_dir / "summary.json"
     if topology.node_rank == 0 and summary_file.is_file():
-        _print_summary(json.loads(summary_file.read_text()))
+        summary = json.loads(summary_file.read_text())
+        if location is not None:
+            summary["neuron_cache"] = neuron_cache_counters(location, modules_before, summary["compilations"])
+            write_summary(output_dir, summary)
+        _print_summary(summary)
     return 0
 
 
 def _worker(args: argparse.Namespace, recipe, output_dir: Path) -> int:
-    from neurontrain.backend import select_backend
+    from neurontrain.backend import backend_for
     from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.neuron_runtime import attach_runtime
     from neurontrain.health.preflight import preflight
     from neurontrain.loop.dataparallel import DataParallel
     from neurontrain.loop.planning import make_plan
     from neurontrain.loop.trainer import Trainer
 
     dp = DataParallel.from_env()
-    backend = select_backend(recipe.runtime.backend, recipe.runtime.compiler_flags)
+    backend = backend_for(recipe.runtime)
+    cache = resolve_cache(recipe.runtime.compile_cache)
+    attach_runtime(cache, recipe.runtime)
     dp.start(backend, recipe.runtime.collective_timeout)
     try:
         if recipe.runtime.preflight and not args.no_preflight:
             preflight(backend, recipe, dp, output_dir)
         plan = make_plan(recipe, backend.name, world=dp.world)
-        manifest = _manifest_ids(plan, backend.name, resolve_cache(recipe.runtime.compile_cache).local) \
-            if dp.is_master else None
+        manifest = _manifest_ids(plan, backend.name, cache.local) if dp.is_master else None
         if dp.enabled:
             manifest = dp.all_gather_object(manifest)[0]
         Trainer(plan, backend, output_dir, manifest, dp).run()

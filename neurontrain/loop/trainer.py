@@ -14,6 +14,7 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.checkpoint import training as ckpt
+from neurontrain.compile.runtime_cache import extraction_mode
 from neurontrain.data.collate import Collator
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
@@ -57,6 +58,9 @@ class Trainer:
         self.ckpt_root = output_dir / "checkpoints"
         self.manifest_graphs = manifest_graphs
         self._identified: set[tuple] = set()
+        # under the runtime's graph extraction every value is fake: nothing of this run may be kept or resumed
+        self.extracting = extraction_mode()
+        self.writes = self.dp.is_master and not self.extracting
 
     def _graph_id(self, key: tuple, tensors: Callable[[], list[torch.Tensor]]) -> str | None:
         """The content id of the pending graph, the first time a key runs and only when there is a manifest."""
@@ -144,7 +148,7 @@ class Trainer:
         # seed as it was after the step's own sync.
         self._seed(state)
 
-        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None, write=self.dp.is_master)
+        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None, write=self.writes)
         rank, world = self.dp.rank, self.dp.world
         collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id,
                             rank, world)
@@ -209,13 +213,12 @@ class Trainer:
                                       or (train.eval_at_end and step == train.max_steps)):
                 last_eval = self._evaluate(model, step, guard, eval_collator)
                 metrics.log(last_eval)
-            if recipe.checkpoint.every and step % recipe.checkpoint.every == 0 and step < train.max_steps:
-                self._save(step, position, model, optimizer, scheduler)
-            if step == train.max_steps and recipe.checkpoint.every:
+            every = recipe.checkpoint.every
+            if every and (step % every == 0 or step == train.max_steps) and not self.extracting:
                 self._save(step, position, model, optimizer, scheduler)
         progress.close()
         metrics.close()
-        if recipe.checkpoint.save_final and self.dp.is_master:
+        if recipe.checkpoint.save_final and self.writes:
             self._export(model)
         train_records = [r for r in metrics.records if "loss" in r]
         totals["real"], totals["slots"] = self._global_counts(totals["real"], totals["slots"])
@@ -249,7 +252,7 @@ class Trainer:
             "wall_seconds": wall,
             **{k: v for k, v in last_eval.items() if k != "step"},
         }
-        if self.dp.is_master:
+        if self.writes:
             write_summary(self.output_dir, summary)
         return summary
 
