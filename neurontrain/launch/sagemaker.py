@@ -1,10 +1,13 @@
-"""`neurontrain submit sagemaker`: a SageMaker training job on trn1/trn2 instances through boto3.
+"""`neurontrain submit sagemaker`: a SageMaker training job on Trainium instances through boto3.
 
-The job runs the Neuron PyTorch training image with `torch_distributed` enabled (the SageMaker training
-toolkit starts the entry script under torchrun on every instance, one worker per NeuronCore). The recipe travels
-as hyperparameters (one dotted key per leaf, JSON values, as the SageMaker SDK encodes them); the entry script
-and this package travel in sourcedir.tar.gz under --output. Checkpoints go to /opt/ml/checkpoints, which
-SageMaker syncs with CheckpointConfig.S3Uri, so a retried or restarted job resumes from the latest complete one.
+The job runs the Neuron PyTorch training image. Its training toolkit starts the entry script once on every
+instance (no `torch_distributed`: the entry script is the node's launcher) with the hyperparameters JSON-decoded;
+the entry script rebuilds the recipe and runs `neurontrain run` as one torchrun agent per instance (static
+rendezvous on the first host, node rank = the host's index), so it pulls the compile cache once per node, and
+rank 0 and the Neuron root communicator are on the first host. The recipe travels as hyperparameters (one dotted
+key per leaf, JSON values, as the SageMaker SDK encodes them); the entry script and this package travel in
+sourcedir.tar.gz under --output. Data comes in through channels (--input NAME=s3://...), the model goes to
+/opt/ml/model, checkpoints to /opt/ml/checkpoints (synced with S3, so a retried job resumes).
 """
 
 from __future__ import annotations
@@ -18,70 +21,78 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.errors import UsageError
+from neurontrain.launch.dlc import check_s3_url
+from neurontrain.launch.instances import Trainium
 
-# Neuron deep-learning-container account and repository; the tag follows the documented
-# <torch>-neuronx-py<python>-sdk<neuron>-ubuntu<os> pattern. Check the tag for your region and release
-# (https://github.com/aws-neuron/deep-learning-containers) and pass --image to override.
-IMAGE_ACCOUNT = "763104351884"
-IMAGE_REPOSITORY = "pytorch-training-neuronx"
-IMAGE_TAG = "2.9.0-neuronx-py311-sdk2.28.0-ubuntu22.04"
-NEURONCORES = {"ml.trn1.2xlarge": 2, "ml.trn1.32xlarge": 32, "ml.trn1n.32xlarge": 32, "ml.trn2.48xlarge": 64}
 ENTRY_SCRIPT = "neurontrain_sagemaker_entry.py"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
-_HP_PREFIX = "recipe."
+CHANNEL_ROOT = "/opt/ml/input/data"
+NODE_CACHE_DIR = "/tmp/neurontrain-cache"  # node-local: not synced to S3 like /opt/ml/checkpoints
+HP_PREFIX = "recipe."
+METRIC_PREFIX = "neurontrain metric:"     # the line the entry script prints for each metrics.jsonl record
+_NUMBER = r"([0-9.eE+\-]+)"
+METRICS = [  # SageMaker reads these from the job's log (regexes over each line)
+    {"Name": "train:loss", "Regex": METRIC_PREFIX + r' .*"loss": ' + _NUMBER},
+    {"Name": "train:lr", "Regex": METRIC_PREFIX + r' .*"lr": ' + _NUMBER},
+    {"Name": "train:tokens_per_second", "Regex": METRIC_PREFIX + r' .*"tokens_per_second": ' + _NUMBER},
+    {"Name": "eval:loss", "Regex": METRIC_PREFIX + r' .*"eval_loss": ' + _NUMBER},
+    {"Name": "train:final_loss", "Regex": r'"final_loss": ' + _NUMBER},
+]
 _MAX_HYPERPARAMETERS, _MAX_VALUE = 100, 2500  # SageMaker's limits on HyperParameters
-
-ENTRY_SOURCE = '''"""SageMaker entry point (run under torchrun by the training toolkit): rebuild the recipe, run it."""
-import json, os, sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from neurontrain.launch.sagemaker import recipe_from_hyperparameters  # noqa: E402
-from neurontrain.cli import main  # noqa: E402
-
-hps = json.loads(os.environ.get("SM_HPS") or Path("/opt/ml/input/config/hyperparameters.json").read_text())
-work = Path(os.environ.get("NEURONTRAIN_SM_WORK", "/tmp/neurontrain"))
-work.mkdir(parents=True, exist_ok=True)
-recipe = work / "recipe.json"
-recipe.write_text(json.dumps(recipe_from_hyperparameters(hps)))
-sys.exit(main(["run", str(recipe), "--output-dir", os.environ.get("NEURONTRAIN_SM_OUTPUT", "{checkpoints}")]))
-'''.replace("{checkpoints}", CHECKPOINT_DIR)
+_NOT_RUNTIME_DEPS = {"torch", "torch-xla", "torch_xla"}  # the image has its own (Neuron) builds
 
 
 @dataclass(frozen=True)
 class SageMakerJob:
     recipe: dict                   # the validated recipe (overrides applied), as plain data
     role_arn: str
-    instance_type: str
+    instance: Trainium
     instance_count: int
     output: str                    # s3://bucket/prefix: model, source and checkpoints go under it
     region: str
     job_name: str
-    image: str | None = None
+    image: str                     # training image URI
     max_run_seconds: int = 24 * 3600
     volume_gb: int = 512
-    compile_cache: str | None = None
+    inputs: dict[str, str] = field(default_factory=dict)   # channel name -> s3:// URI
+    max_retries: int = 0
     environment: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> "SageMakerJob":
         if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/[\w+=,.@/\-]+", self.role_arn):
             raise UsageError(f"--role {self.role_arn!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/NAME)")
-        if not self.output.startswith("s3://") or len(self.output.rstrip("/")) <= len("s3://"):
-            raise UsageError(f"--output {self.output!r} must be s3://bucket/prefix")
-        if not self.instance_type.startswith("ml."):
-            raise UsageError(f"--instance-type {self.instance_type!r} must be a SageMaker type such as ml.trn1.32xlarge")
+        check_s3_url(self.output, "--output")
+        for name, uri in self.inputs.items():
+            if not re.fullmatch(r"[A-Za-z0-9._\-]{1,64}", name):
+                raise UsageError(f"--input channel name {name!r}: 1-64 letters, digits, '.', '_' and '-'")
+            check_s3_url(uri, f"--input {name}")
         if self.instance_count < 1:
             raise UsageError("--instance-count must be at least 1")
+        if not 0 <= self.max_retries <= 30:
+            raise UsageError("--max-retries must be between 0 and 30 (SageMaker's limit)")
         if not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", self.job_name):
             raise UsageError(f"job name {self.job_name!r}: 1-63 letters, digits and hyphens")
         return self
 
-    @property
-    def image_uri(self) -> str:
-        return self.image or f"{IMAGE_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{IMAGE_REPOSITORY}:{IMAGE_TAG}"
-
     def s3(self, *parts: str) -> str:
         return "/".join([self.output.rstrip("/"), *parts])
+
+
+def parse_inputs(specs: list[str]) -> dict[str, str]:
+    """--input NAME=s3://bucket/prefix (repeatable) -> {NAME: URI}."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, uri = spec.partition("=")
+        if not sep or not name or not uri:
+            raise UsageError(f"--input {spec!r}: expected NAME=s3://bucket/prefix, e.g. train=s3://my-bucket/data")
+        if name in out:
+            raise UsageError(f"--input {name} given twice")
+        out[name] = uri
+    return out
+
+
+def channel_dir(name: str) -> str:
+    return f"{CHANNEL_ROOT}/{name}"
 
 
 def recipe_hyperparameters(recipe: dict) -> dict[str, str]:
@@ -95,24 +106,10 @@ def recipe_hyperparameters(recipe: dict) -> dict[str, str]:
                     raise UsageError(f"recipe key {key!r} contains '.', which hyperparameter names use as separator")
                 walk(value, f"{path}.{key}" if path else str(key))
         else:
-            out[_HP_PREFIX + path] = json.dumps(node)
+            out[HP_PREFIX + path] = json.dumps(node)
 
     walk(recipe, "")
     return out
-
-
-def recipe_from_hyperparameters(hps: dict[str, Any]) -> dict:
-    recipe: dict = {}
-    for key, raw in hps.items():
-        if not key.startswith(_HP_PREFIX):
-            continue
-        value = json.loads(raw) if isinstance(raw, str) else raw  # the toolkit may hand decoded values
-        node = recipe
-        *parents, leaf = key[len(_HP_PREFIX):].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return recipe
 
 
 def training_job_request(job: SageMakerJob) -> dict:
@@ -122,8 +119,6 @@ def training_job_request(job: SageMakerJob) -> dict:
         "sagemaker_program": json.dumps(ENTRY_SCRIPT),
         "sagemaker_submit_directory": json.dumps(job.s3(job.job_name, "source", "sourcedir.tar.gz")),
         "sagemaker_region": json.dumps(job.region),
-        "sagemaker_torch_distributed_enabled": "true",
-        "sagemaker_instance_type": json.dumps(job.instance_type),
     })
     if len(hps) > _MAX_HYPERPARAMETERS:
         raise UsageError(f"the recipe has {len(hps)} hyperparameters with SageMaker's own; the limit is "
@@ -131,19 +126,16 @@ def training_job_request(job: SageMakerJob) -> dict:
     for key, value in hps.items():
         if len(value) > _MAX_VALUE or len(key) > 256:
             raise UsageError(f"hyperparameter {key} is longer than SageMaker allows ({_MAX_VALUE} characters)")
-    env = {"NEURONTRAIN_SM_OUTPUT": CHECKPOINT_DIR, "FI_EFA_FORK_SAFE": "1", **job.environment}
-    if job.compile_cache:
-        env["NEURON_COMPILE_CACHE_URL"] = job.compile_cache
-    return {
+    env = {"NEURONTRAIN_NPROC_PER_NODE": str(job.instance.workers), "NEURONTRAIN_CACHE_DIR": NODE_CACHE_DIR,
+           **job.instance.environment(job.instance_count), **job.environment}
+    request = {
         "TrainingJobName": job.job_name,
-        "AlgorithmSpecification": {"TrainingImage": job.image_uri, "TrainingInputMode": "File",
-                                   "EnableSageMakerMetricsTimeSeries": True,
-                                   "MetricDefinitions": [{"Name": "train:loss",
-                                                          "Regex": r'"final_loss": ([0-9.eE+\-]+)'}]},
+        "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File",
+                                   "EnableSageMakerMetricsTimeSeries": True, "MetricDefinitions": METRICS},
         "RoleArn": job.role_arn,
         "HyperParameters": hps,
         "OutputDataConfig": {"S3OutputPath": job.s3("output")},
-        "ResourceConfig": {"InstanceType": job.instance_type, "InstanceCount": job.instance_count,
+        "ResourceConfig": {"InstanceType": job.instance.sagemaker_name, "InstanceCount": job.instance_count,
                            "VolumeSizeInGB": job.volume_gb},
         "StoppingCondition": {"MaxRuntimeInSeconds": job.max_run_seconds},
         "CheckpointConfig": {"S3Uri": job.s3(job.job_name, "checkpoints"), "LocalPath": CHECKPOINT_DIR},
@@ -151,6 +143,34 @@ def training_job_request(job: SageMakerJob) -> dict:
         "EnableNetworkIsolation": False,
         "EnableInterContainerTrafficEncryption": False,
     }
+    if job.inputs:
+        request["InputDataConfig"] = [
+            {"ChannelName": name, "InputMode": "File",
+             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri,
+                                             "S3DataDistributionType": "FullyReplicated"}}}
+            for name, uri in job.inputs.items()]
+    if job.max_retries:
+        request["RetryStrategy"] = {"MaximumRetryAttempts": job.max_retries}
+    return request
+
+
+def requirements() -> str:
+    """requirements.txt for the container's toolkit: this package's own dependencies, less torch and torch-xla
+    (the image's Neuron builds stay)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("neurontrain") or []
+    except PackageNotFoundError:
+        reqs = []
+    keep = []
+    for req in reqs:
+        if "extra ==" in req:
+            continue
+        name = re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip()
+        if name.lower() not in _NOT_RUNTIME_DEPS:
+            keep.append(req.split(";")[0].strip())
+    return "".join(f"{r}\n" for r in keep)
 
 
 def source_tarball() -> bytes:
@@ -158,6 +178,11 @@ def source_tarball() -> bytes:
     import neurontrain
 
     package = Path(neurontrain.__file__).resolve().parent
+    entry = ('"""SageMaker entry point: the training toolkit runs it once per instance."""\n'
+             "import sys\nfrom pathlib import Path\n\n"
+             "sys.path.insert(0, str(Path(__file__).resolve().parent))\n"
+             "from neurontrain.launch.sagemaker_entry import main  # noqa: E402\n\n"
+             "sys.exit(main())\n")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         def add(name: str, data: bytes) -> None:
@@ -165,8 +190,8 @@ def source_tarball() -> bytes:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
 
-        add(ENTRY_SCRIPT, ENTRY_SOURCE.encode())
-        add("requirements.txt", b"transformers>=5\ntokenizers\nsafetensors\ndatasets\npydantic>=2\nPyYAML\ntqdm\n")
+        add(ENTRY_SCRIPT, entry.encode())
+        add("requirements.txt", requirements().encode())
         for path in sorted(package.rglob("*.py")):
             add(f"neurontrain/{path.relative_to(package)}", path.read_bytes())
     return buf.getvalue()
@@ -179,4 +204,4 @@ def submit(job: SageMakerJob, sagemaker_client: Any, s3_client: Any) -> dict:
     s3_client.put_object(Bucket=bucket, Key=key, Body=source_tarball())
     response = sagemaker_client.create_training_job(**request)
     return {"job_name": job.job_name, "arn": response["TrainingJobArn"], "source": f"s3://{bucket}/{key}",
-            "checkpoints": request["CheckpointConfig"]["S3Uri"]}
+            "checkpoints": request["CheckpointConfig"]["S3Uri"], "model": request["OutputDataConfig"]["S3OutputPath"]}

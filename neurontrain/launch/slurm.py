@@ -1,7 +1,13 @@
 """`neurontrain submit slurm`: an sbatch script that starts one `neurontrain run` (torchrun agent) per node.
 
-The workers of all nodes meet at a c10d rendezvous on the job's first node (port --master-port), with the job
-id as rendezvous id, so torchrun can restart the group (--max-restarts) across nodes.
+The nodes meet at a static rendezvous: node rank = $SLURM_NODEID, master = the job's first host (Slurm's node 0),
+as in AWS's Neuron training scripts. So global rank 0 runs on the first host by construction, and the Neuron
+runtime's root communicator (NEURON_RT_ROOT_COMM_ID) is pinned to that same host. (A c10d rendezvous hands out
+node ranks by sorting the agents' ids, so its rank 0 can land on any node.)
+
+Every node also raises its open-file limit, keeps the root-communicator port out of the ephemeral port range,
+gets all its CPUs for the one task (srun no longer inherits --cpus-per-task), writes its own log, and keeps a
+node-local compile cache (NEURONTRAIN_CACHE_DIR) that `run` fills from --compile-cache before training.
 """
 
 from __future__ import annotations
@@ -13,17 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neurontrain.errors import NeurontrainError, UsageError
+from neurontrain.launch.instances import Trainium
 
-# Neuron runtime and EFA settings for multi-node trn1/trn2 jobs (Neuron documentation and examples): EFA as
-# the libfabric provider with device RDMA, fork safety (data loader workers), the Neuron collectives'
-# bootstrap address on the first node, and a bounded number of malloc arenas.
-NEURON_EFA_ENV = {
-    "FI_PROVIDER": "efa",
-    "FI_EFA_USE_DEVICE_RDMA": "1",
-    "FI_EFA_FORK_SAFE": "1",
-    "MALLOC_ARENA_MAX": "64",
-}
-NEURON_ROOT_COMM_PORT = 41000
+ROOT_COMM_PORT = 41000   # the Neuron root communicator's port on the first host, as in AWS's scripts
+OPEN_FILES = 65535
+NODE_CACHE_DIR = "/var/tmp/neurontrain-cache"
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,10 @@ class SlurmJob:
     recipe: Path                   # absolute: nodes read it from the shared file system
     output_dir: Path
     nodes: int
-    nproc_per_node: int
+    instance: Trainium
     python: str                    # interpreter with neurontrain installed, as seen from the nodes
     job_name: str
+    nproc_per_node: int | None = None  # default: the instance's workers
     overrides: list[str] = field(default_factory=list)
     backend: str | None = None
     partition: str | None = None
@@ -42,49 +44,105 @@ class SlurmJob:
     max_restarts: int = 0
     master_port: int = 29500
     compile_cache: str | None = None
+    node_cache_dir: str = NODE_CACHE_DIR
     extra_env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def workers_per_node(self) -> int:
+        return self.nproc_per_node or self.instance.workers
+
     def validate(self) -> "SlurmJob":
-        if self.nodes < 1 or self.nproc_per_node < 1:
+        if self.nodes < 1 or self.workers_per_node < 1:
             raise UsageError("--nodes and --nproc-per-node must be at least 1")
+        if self.max_restarts < 0:
+            raise UsageError("--max-restarts must be 0 or more")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.job_name):
             raise UsageError(f"--job-name {self.job_name!r}: use letters, digits, '.', '_' and '-'")
         if self.time_limit is not None and not re.fullmatch(r"[0-9:\-]+", self.time_limit):
             raise UsageError(f"--time {self.time_limit!r} is not a Slurm time (e.g. 2:00:00 or 1-00:00:00)")
+        for flag, value in (("--partition", self.partition), ("--account", self.account)):
+            if value is not None and not _SLURM_NAME.match(value):
+                raise UsageError(f"{flag} {value!r} is not a Slurm name (letters, digits, '.', '_', '-'; "
+                                 "partitions may be a comma-separated list)")
         if not 0 < self.master_port < 65536:
             raise UsageError(f"--master-port {self.master_port} is not a TCP port")
+        if self.master_port == ROOT_COMM_PORT:
+            raise UsageError(f"--master-port {ROOT_COMM_PORT} is the Neuron root communicator's port on the first "
+                             "host; choose another")
+        if re.search(r'["%\n]', str(self.output_dir)):
+            raise UsageError(f"--output-dir {str(self.output_dir)!r}: Slurm cannot take '\"', '%' or a newline there")
+        if not self.node_cache_dir.startswith("/"):
+            raise UsageError(f"--node-cache-dir {self.node_cache_dir!r} must be an absolute path on the nodes")
         return self
+
+    def run_overrides(self) -> list[str]:
+        """The recipe overrides the job's `run` gets: the user's, then the compile cache."""
+        return list(self.overrides) + ([f"runtime.compile_cache={self.compile_cache}"] if self.compile_cache else [])
+
+
+def _header(job: SlurmJob) -> list[str]:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}", f"#SBATCH --nodes={job.nodes}",
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive",
+             f'#SBATCH --output="{job.output_dir}/slurm-%j.out"']
+    lines += [f"#SBATCH --{key}={value}" for key, value in
+              (("partition", job.partition), ("time", job.time_limit), ("account", job.account)) if value]
+    return lines
+
+
+def _node_function(job: SlurmJob) -> list[str]:
+    """What srun runs once on every node (an exported bash function: the environment carries it)."""
+    q = shlex.quote
+    run = [f'exec "$PYTHON" -m neurontrain run {q(str(job.recipe))} --output-dir {q(str(job.output_dir))}',
+           f'--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node={job.workers_per_node}',
+           f'--master-addr="$MASTER_ADDR" --master-port={job.master_port}', f"--max-restarts={job.max_restarts}"]
+    if job.backend:
+        run.append(f"--backend {q(job.backend)}")
+    run += [f"--set {q(expr)}" for expr in job.run_overrides()]
+    return [
+        "neurontrain_node() {",
+        f"  ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n \"$(ulimit -Hn)\"",
+        "  # keep the root communicator's port out of the ephemeral range (added to what is reserved already)",
+        "  local reserved; reserved=$(cat /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null || true)",
+        f"  case \",$reserved,\" in *\",{ROOT_COMM_PORT},\"*) ;; *)",
+        f"    local want=\"${{reserved:+$reserved,}}{ROOT_COMM_PORT}\"",
+        "    sysctl -q -w net.ipv4.ip_local_reserved_ports=\"$want\" 2>/dev/null \\",
+        "      || sudo -n sysctl -q -w net.ipv4.ip_local_reserved_ports=\"$want\" 2>/dev/null \\",
+        f"      || echo \"neurontrain: warning: could not reserve port {ROOT_COMM_PORT} on $(hostname)\" >&2;;",
+        "  esac",
+        '  mkdir -p "$NEURONTRAIN_CACHE_DIR"',
+        "  " + " \\\n    ".join(run),
+        "}",
+        "export -f neurontrain_node",
+    ]
 
 
 def render_sbatch(job: SlurmJob) -> str:
     q = shlex.quote
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}", f"#SBATCH --nodes={job.nodes}",
-             "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive",
-             f"#SBATCH --output={job.output_dir}/slurm-%j.out"]
-    lines += [f"#SBATCH --{key}={value}" for key, value in
-              (("partition", job.partition), ("time", job.time_limit), ("account", job.account)) if value]
-    lines += [
-        "# Written by `neurontrain submit slurm`: one torchrun agent per node, workers meet on the first node.",
+    env = {**job.instance.environment(job.nodes), "MALLOC_ARENA_MAX": "64",
+           "NEURONTRAIN_CACHE_DIR": job.node_cache_dir, **job.extra_env}
+    lines = _header(job) + [
+        f"# Written by `neurontrain submit slurm` ({job.instance.name}, {job.workers_per_node} workers a node).",
         "set -euo pipefail",
         "",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"export NEURON_RT_ROOT_COMM_ID=\"${{head_node}}:{NEURON_ROOT_COMM_PORT}\"",
+        "# Node 0 of the job is the first host of its node list and the static rendezvous' node rank 0: rank 0 and",
+        "# the Neuron root communicator are on that host by construction. Its address is Slurm's NodeAddr.",
+        'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'MASTER_ADDR=$(sinfo -h -N -n "$first_node" -o %o 2>/dev/null | head -n 1 || true)',
+        'export MASTER_ADDR=${MASTER_ADDR:-$first_node}',
+        f'export NEURON_RT_ROOT_COMM_ID="$MASTER_ADDR:{ROOT_COMM_PORT}"',
     ]
-    env = dict(NEURON_EFA_ENV)
-    if job.compile_cache:
-        env["NEURON_COMPILE_CACHE_URL"] = job.compile_cache
-    env.update(job.extra_env)
     lines += [f"export {key}={q(value)}" for key, value in env.items()]
-    lines.append(f"PYTHON=${{NEURONTRAIN_PYTHON:-{q(job.python)}}}")
-    run = [f'srun --kill-on-bad-exit=1 "$PYTHON" -m neurontrain run {q(str(job.recipe))}',
-           f"--output-dir {q(str(job.output_dir))}",
-           f'--nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={job.nproc_per_node}',
-           f'--rdzv-endpoint="${{head_node}}:{job.master_port}" --rdzv-id="$SLURM_JOB_ID"',
-           f"--max-restarts={job.max_restarts}"]
-    if job.backend:
-        run.append(f"--backend {q(job.backend)}")
-    run += [f"--set {q(expr)}" for expr in job.overrides]
-    lines += ["", " \\\n    ".join(run), ""]
+    lines.append(f"export PYTHON=${{NEURONTRAIN_PYTHON:-{q(job.python)}}}")
+    lines += [""] + _node_function(job)
+    logs = job.output_dir / "logs"
+    lines += [
+        "",
+        f'mkdir -p {q(str(logs))}/"$SLURM_JOB_ID"',
+        f'echo "neurontrain: node logs in {logs}/$SLURM_JOB_ID/node-<N>.log; rank 0 on $first_node ($MASTER_ADDR)"',
+        'srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \\',
+        f'    --output={q(str(logs))}/%j/node-%n.log bash -c neurontrain_node',
+        "",
+    ]
     return "\n".join(lines)
 
 

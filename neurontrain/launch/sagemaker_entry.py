@@ -1,0 +1,166 @@
+"""Inside a SageMaker training container: what the entry script does on each instance.
+
+The training toolkit has already JSON-decoded every hyperparameter when it writes SM_HPS, so the recipe is
+rebuilt from the values as delivered (decoding again would turn "tiny-llama-clm" into a JSONDecodeError).
+Channel paths in the recipe (/opt/ml/input/data/NAME/...) are mapped through the toolkit's SM_CHANNEL_NAME; a
+channel directory holding one data file stands for that file. The instance then runs `neurontrain run` as one
+torchrun agent of a static rendezvous (node rank = index in SM_HOSTS, master = the first host), prints each
+metrics record as a line SageMaker's metric regexes read, and on the first host moves the final model to
+SM_MODEL_DIR and the summary and metrics to SM_OUTPUT_DATA_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from neurontrain.errors import UsageError
+from neurontrain.launch.sagemaker import CHANNEL_ROOT, CHECKPOINT_DIR, HP_PREFIX, METRIC_PREFIX
+
+MASTER_PORT = 29500
+_CHANNEL_KEYS = (("data", "path"), ("model", "pretrained"), ("tokenizer", "pretrained"))
+
+
+def recipe_from_hyperparameters(hps: dict[str, Any]) -> dict:
+    """The recipe from hyperparameters as the toolkit delivers them (SM_HPS: values already decoded)."""
+    recipe: dict = {}
+    for key, value in hps.items():
+        if not key.startswith(HP_PREFIX):
+            continue
+        node = recipe
+        *parents, leaf = key[len(HP_PREFIX):].split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    if not recipe:
+        raise UsageError("no recipe.* hyperparameters: this job was not created by `neurontrain submit sagemaker`")
+    return recipe
+
+
+def map_channels(recipe: dict, channels: dict[str, str]) -> dict:
+    """Recipe paths under /opt/ml/input/data/NAME -> the toolkit's directory for channel NAME; a directory
+    with exactly one file stands for that file (data.path names a file)."""
+    for section, key in _CHANNEL_KEYS:
+        value = (recipe.get(section) or {}).get(key)
+        if not isinstance(value, str) or not value.startswith(CHANNEL_ROOT + "/"):
+            continue
+        name, _, rest = value[len(CHANNEL_ROOT) + 1:].partition("/")
+        if name not in channels:
+            raise UsageError(f"{section}.{key} {value} names channel {name!r}, which this job does not have "
+                             f"(channels: {', '.join(sorted(channels)) or 'none'})")
+        path = Path(channels[name]) / rest if rest else Path(channels[name])
+        if section == "data" and path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if len(files) != 1:
+                raise UsageError(f"channel {name!r} holds {len(files)} files ({', '.join(p.name for p in files[:5])})"
+                                 f"; point data.path at one: --set data.path={CHANNEL_ROOT}/{name}/FILE")
+            path = files[0]
+        recipe[section] = {**recipe[section], key: str(path)}
+    return recipe
+
+
+def run_argv(recipe_file: str, output_dir: str, hosts: list[str], current_host: str, nproc: int) -> list[str]:
+    """`neurontrain run` for this instance: one torchrun agent of a static rendezvous across the instances."""
+    argv = ["run", recipe_file, "--output-dir", output_dir, "--nproc-per-node", str(nproc)]
+    if len(hosts) > 1:
+        argv += ["--nnodes", str(len(hosts)), "--node-rank", str(hosts.index(current_host)),
+                 "--master-addr", hosts[0], "--master-port", str(MASTER_PORT)]
+    return argv
+
+
+class MetricsFollower(threading.Thread):
+    """Prints each new metrics.jsonl record as `neurontrain metric: {...}` (the request's metric regexes)."""
+
+    def __init__(self, path: Path, out: TextIO, interval: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.path, self.out, self.interval = path, out, interval
+        self.offset = 0
+        self.done = threading.Event()
+
+    def poll(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size < self.offset:  # rewritten by a resumed run
+            self.offset = 0
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if line.strip():
+                print(f"{METRIC_PREFIX} {line.strip()}", file=self.out, flush=True)
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            self.poll()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        self.poll()
+
+
+def publish(output_dir: Path, model_dir: Path, data_dir: Path | None) -> None:
+    """Move the final model to SM_MODEL_DIR (SageMaker uploads it as model.tar.gz) and copy the run's summary
+    and metrics to SM_OUTPUT_DATA_DIR (output.tar.gz)."""
+    model = output_dir / "model"
+    if model.is_dir():
+        model_dir.mkdir(parents=True, exist_ok=True)
+        for item in model.iterdir():
+            target = model_dir / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            shutil.move(str(item), str(target))
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "metrics.jsonl", "preflight.jsonl"):
+            if (output_dir / name).is_file():
+                shutil.copy2(output_dir / name, data_dir / name)
+
+
+def _env_json(name: str, env: dict[str, str]) -> Any:
+    if name not in env:
+        raise UsageError(f"{name} is not set: run this entry script under the SageMaker training toolkit")
+    return json.loads(env[name])
+
+
+def main(env: dict[str, str] | None = None, cli: Callable[[list[str]], int] | None = None) -> int:
+    env = dict(os.environ) if env is None else env
+    try:
+        hps, hosts = _env_json("SM_HPS", env), _env_json("SM_HOSTS", env)
+        current = env.get("SM_CURRENT_HOST", hosts[0])
+        channels = {name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
+                    for name in json.loads(env.get("SM_CHANNELS", "[]"))}
+        recipe = map_channels(recipe_from_hyperparameters(hps), channels)
+    except (UsageError, json.JSONDecodeError) as exc:
+        print(f"neurontrain: error: {exc}", file=sys.stderr)
+        return 2
+    base = env.get("SAGEMAKER_BASE_DIR")  # the toolkit's own relocation of /opt/ml (local mode)
+    output_dir = Path(base) / "checkpoints" if base else Path(CHECKPOINT_DIR)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = output_dir / "sagemaker-recipe.json"
+    recipe_file.write_text(json.dumps(recipe, indent=2))
+    nproc = int(env.get("NEURONTRAIN_NPROC_PER_NODE", "1"))
+    if cli is None:
+        from neurontrain.cli import main as cli
+    first = current == hosts[0]
+    follower = MetricsFollower(output_dir / "metrics.jsonl", sys.stdout) if first else None
+    if follower:
+        follower.start()
+    try:
+        code = cli(run_argv(str(recipe_file), str(output_dir), hosts, current, nproc))
+    finally:
+        if follower:
+            follower.stop()
+    if code == 0 and first:
+        data_dir = env.get("SM_OUTPUT_DATA_DIR")
+        publish(output_dir, Path(env.get("SM_MODEL_DIR", "/opt/ml/model")), Path(data_dir) if data_dir else None)
+    return code
