@@ -76,6 +76,9 @@ def _build_parser() -> argparse.ArgumentParser:
     cache_cmd("verify", "check every entry's files against their SHA-256")
     cache_cmd("prune", "remove entries older than a duration").add_argument(
         "--older-than", required=True, help="e.g. 30d, 12h, 45m")
+    cache_cmd("import", "copy the compiled modules of an existing Neuron runtime cache into the local cache"
+              ).add_argument("source", help="a runtime cache: local directory or s3://bucket/prefix holding "
+                                            "neuronxcc-*/MODULE_*/")
 
     ckpt = sub.add_parser("checkpoint", help="migrate and verify checkpoints between GPU and Trainium layouts")
     ksub = ckpt.add_subparsers(dest="checkpoint_command", parser_class=_Parser)
@@ -166,10 +169,18 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     from neurontrain.compile import cachecmd
 
     if args.cache_command is None:
-        raise UsageError("cache needs a command: status, ls, push, pull, verify, prune")
+        raise UsageError("cache needs a command: status, ls, push, pull, verify, prune, import")
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
     cache = cachecmd.resolve_cache(args.cache, args.local, args.workers)
+    if args.cache_command == "import":
+        from neurontrain.compile.importer import import_runtime_cache
+
+        report = import_runtime_cache(args.source, cache.local)
+        for problem in report["refused"]:
+            print(f"neurontrain: refused {problem['module']}: {problem['problem']}", file=sys.stderr)
+        print(json.dumps(report))
+        return 0
     if args.cache_command in ("push", "pull") and cache.remote is None:
         raise UsageError(f"cache {args.cache_command} needs --cache s3://bucket/prefix")
     if args.cache_command == "status":
@@ -180,6 +191,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, overrides)
         if args.cache is None and args.local is None:
             cache = cachecmd.resolve_cache(recipe.runtime.compile_cache, None, args.workers)
+        if args.local is None:
+            from neurontrain.compile.neuron_runtime import attach_runtime
+
+            attach_runtime(cache, recipe.runtime)
         result = cachecmd.cache_status(recipe, cache, resolve_backend_name(recipe.runtime.backend))
         if args.json:
             print(json.dumps(result, indent=2))
@@ -301,8 +316,15 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _cmd_env(args: argparse.Namespace) -> int:
     from neurontrain.backend import package_versions, select_backend
 
+    from neurontrain.backend import neuron_runtime_present
+    from neurontrain.compile.cachecmd import default_local
+    from neurontrain.compile.runtime_cache import runtime_cache_location
+
     backend = select_backend(args.backend)
+    location = runtime_cache_location(os.environ, str(default_local()))
     info = {**backend.describe(), "python": sys.version.split()[0], "packages": package_versions(),
+            "neuron_runtime_cache": {"installed": neuron_runtime_present(), "root": location.root,
+                                     "decided_by": location.source},
             "environment": {k: v for k, v in os.environ.items()
                             if k.startswith(("NEURON_", "XLA_", "PJRT_")) or k in ("AWS_ENDPOINT_URL",)}}
     if args.json:

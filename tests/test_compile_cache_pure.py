@@ -1,60 +1,13 @@
-"""Pure parts of the compile cache: Neuron cache names and states, flags, durations, local entries."""
+"""Pure parts of the compile cache: durations, entry paths, local entries."""
 
 import hashlib
 import json
 
 import pytest
 
-from neurontrain.compile.neuron_cache import (canonical_flags, default_workers, entry_state, flags_hash, module_dir,
-                                              parse_compiler_version)
 from neurontrain.compile.store import (ENTRY_RECORD, install_entry, local_entries, parse_duration, sha256_file,
                                        valid_entry_path, verify_local)
 from neurontrain.errors import UsageError
-
-
-def test_flags_hash_of_no_flags_is_the_md5_of_the_empty_string():
-    assert flags_hash(canonical_flags([])) == "d41d8cd9"
-    assert flags_hash("--model-type=transformer") == hashlib.md5(b"--model-type=transformer").hexdigest()[:8]
-
-
-def test_flag_spelling_and_order_do_not_change_the_key():
-    a = canonical_flags(["-O1", "--model-type transformer", "--auto-cast=none"])
-    b = canonical_flags("--auto-cast none --model-type=transformer -O1")
-    assert a == b == "--auto-cast=none --model-type=transformer -O1"
-    assert flags_hash(a) == flags_hash(b)
-    assert flags_hash(canonical_flags("-O2")) != flags_hash(a)
-
-
-def test_module_dir_layout(tmp_path):
-    d = module_dir(tmp_path, "2.21.18209.0+043b1bf7", "abc123", "")
-    assert d == tmp_path / "neuronxcc-2.21.18209.0+043b1bf7" / "MODULE_abc123+d41d8cd9"
-
-
-def test_entry_states(tmp_path):
-    d = tmp_path / "m"
-    assert entry_state(d) == "missing"
-    d.mkdir()
-    (d / "model.hlo_module.pb").write_bytes(b"x")
-    assert entry_state(d) == "incomplete"
-    (d / "model.hlo_module.pb.lock").write_text("{}")
-    assert entry_state(d) == "locked"
-    (d / "model.hlo_module.pb.lock").unlink()
-    (d / "model.log").write_text("error")
-    assert entry_state(d) == "failed"
-    (d / "model.neff").write_bytes(b"NEFF")
-    assert entry_state(d) == "incomplete"  # a NEFF without the done marker may be half written
-    (d / "model.done").touch()
-    assert entry_state(d) == "compiled"
-
-
-def test_compiler_version_and_default_workers():
-    assert parse_compiler_version("NeuronX Compiler version 2.21.18209.0+043b1bf7\n") == "2.21.18209.0+043b1bf7"
-    with pytest.raises(ValueError):
-        parse_compiler_version("command not found")
-    gib = 1 << 30
-    assert default_workers(cores=2, ram_bytes=24 * gib) == 1        # this machine
-    assert default_workers(cores=128, ram_bytes=512 * gib) == 8     # trn1.32xlarge: RAM bound
-    assert default_workers(cores=4, ram_bytes=2048 * gib) == 4      # core bound
 
 
 def test_durations():

@@ -1,7 +1,6 @@
 """`neurontrain precompile` on XLA:CPU: discovery by construction finds exactly the graphs `run` compiles."""
 
 import json
-import os
 import re
 
 import pytest
@@ -74,34 +73,3 @@ def test_a_graph_missing_from_the_manifest_is_reported(tmp_path, recipes):
     assert summary["unexpected_graphs"] == 1
     assert summary["unexpected"][0]["reason"] == "not in the precompile manifest"
     assert summary["unexpected"][0]["graph"] == dropped["graph_id"]
-
-
-def test_neuron_target_with_the_standin_compiler(tmp_path, recipes):
-    cache = tmp_path / "cache"
-    standin = os.path.join(os.path.dirname(__file__), "standin", "neuronx-cc")
-    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL,
-            "--target", "neuron", "--workers", "2"]
-    env = {"NEURONX_CC": standin, "STANDIN_CC_SECONDS": "0"}
-    first = run_cli("precompile", *args, "--json", str(tmp_path / "a.json"), env=env)
-    assert first.returncode == 0, first.stderr
-    a = read_json(tmp_path / "a.json")
-    assert a["compiled"] == a["graphs_found"] and a["failed"] == 0
-    assert "already cached" in first.stderr and "compiled" in first.stderr
-    modules = sorted(p.name for p in cache.glob("neuronxcc-*/MODULE_*"))
-    assert modules == sorted(f"MODULE_{g['graph_id']}+d41d8cd9" for g in a["graphs"])
-    run_cli("precompile", *args, "--json", str(tmp_path / "b.json"), env=env)
-    assert read_json(tmp_path / "b.json")["already_cached"] == a["graphs_found"]
-    # a graph the compiler rejects: reported, exit 1
-    cache2 = tmp_path / "cache2"
-    args2 = [a if not a.startswith("runtime.compile_cache=") else f"runtime.compile_cache={cache2}" for a in args]
-    bad = run_cli("precompile", *args2, "--json", str(tmp_path / "c.json"),
-                  env={**env, "STANDIN_CC_FAIL": _hlo_sha(cache, a["graphs"][1]["graph_id"])[:16]})
-    assert bad.returncode == 1
-    c = read_json(tmp_path / "c.json")
-    assert c["failed"] == 1 and [g["status"] for g in c["graphs"]].count("failed") == 1
-
-
-def _hlo_sha(cache, gid):
-    import hashlib
-
-    return hashlib.sha256((cache / "graphs" / gid / "model.hlo_module.pb").read_bytes()).hexdigest()
