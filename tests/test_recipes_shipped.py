@@ -1,0 +1,38 @@
+"""Every recipe in recipes/ trains a few steps end to end on XLA:CPU, with its own precision, gradient
+accumulation and compiler flags. Recipes that name a hub model or dataset get local stand-ins generated here
+(tests/recipe_standins.py); nothing is downloaded."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, read_json, read_metrics, run_cli
+from neurontrain.recipe import load_recipe
+from recipe_standins import standin_overrides
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+@pytest.mark.parametrize("recipe_path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
+    recipe = load_recipe(recipe_path)
+    overrides = standin_overrides(recipe, tmp_path)
+    # only the length of the run changes (and the warm-up, which must stay shorter than the run)
+    overrides += ["--set", f"train.max_steps={STEPS}", "--set", "train.schedule.warmup_steps=1",
+                  "--set", "train.log_every=1"]
+    out = tmp_path / "run"
+    result = run_cli("run", str(recipe_path), *overrides, "--backend", "xla-cpu", "--output-dir", str(out))
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    summary = read_json(out / "summary.json")
+    assert summary["backend"] == "xla-cpu" and summary["steps"] == STEPS
+    assert summary["unexpected_graphs"] == 0, summary["unexpected"]
+    assert summary["grad_accum"] == recipe.train.grad_accum
+    assert summary["effective_batch"] == recipe.data.batch_size * recipe.train.grad_accum
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert steps[-1] == STEPS, steps
+    assert summary["final_loss"] == summary["final_loss"] and summary["final_loss"] > 0  # finite, not NaN
+    if recipe.model.pretrained is not None:  # the stand-in's architecture was trained and exported
+        exported = read_json(out / "model" / "config.json")
+        assert exported["hidden_size"] == read_json(tmp_path / "model" / "config.json")["hidden_size"] == 64
