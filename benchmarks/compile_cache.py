@@ -1,6 +1,11 @@
-"""Graph discovery vs a trial run, and parallel vs one-at-a-time cache transfers. Prints one JSON object.
+"""Precompile vs trial-run extraction through the (stand-in) Neuron runtime, graph discovery vs a trial run,
+and parallel vs one-at-a-time cache transfers. Prints one JSON object.
 
     python benchmarks/compile_cache.py [--entries 240] [--recipe recipes/tiny-bert-classification.yaml]
+
+Runtime extraction: on the stand-in runtime of the tests, `precompile` against neuron_parallel_compile's way
+(the training script for --trial-steps steps with NEURON_EXTRACT_GRAPHS_ONLY=1, then the runtime's parallel
+compile): modules found and missed (a module is a graph as the runtime names it), wall seconds of the commands.
 
 Discovery: `neurontrain precompile` traces every planned graph without executing it; the alternative
 (neuron_parallel_compile's approach) runs the training script for 10 trial steps and collects the graphs it
@@ -60,6 +65,47 @@ def discovery_vs_trial(recipe: str, steps: int) -> dict:
         "discovery_speedup_per_graph": round((trial["wall_seconds"] / trial["distinct_graphs"])
                                              / (manifest["discovery_seconds"] / graphs), 1),
     }
+
+
+def standin_runtime_env(log: Path) -> dict:
+    """The stand-in Neuron runtime of the tests (tests/standin/runtime): modules keyed by the module XLA compiled."""
+    standin = REPO / "tests" / "standin"
+    return {"PYTHONPATH": str(standin / "runtime"), "PATH": f"{standin}{os.pathsep}{os.environ['PATH']}",
+            "NEURON_STANDIN_SALT": os.urandom(8).hex(), "NEURON_STANDIN_LOG": str(log), "STANDIN_CC_SECONDS": "0.05",
+            "NEURON_CC_FLAGS": "", "NEURON_COMPILE_CACHE_URL": "", "NEURON_EXTRACT_GRAPHS_ONLY": ""}
+
+
+def runtime_extraction(recipe: str, steps: int, trial_steps: int) -> dict:
+    """On the stand-in runtime: `precompile` (discovery by construction, each graph extracted by the runtime,
+    then its parallel compile) against neuron_parallel_compile's way (the training script run for a few
+    steps with NEURON_EXTRACT_GRAPHS_ONLY=1, then the same parallel compile). Wall seconds of the commands."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "events.jsonl"
+        env = standin_runtime_env(log)
+        sets = ["--set", "data.buckets=[32,64,128,256]", "--set", "data.max_length=256",
+                "--set", "model.config.max_position_embeddings=256", "--set", f"train.max_steps={steps}"]
+        t0 = time.perf_counter()
+        cli("precompile", recipe, *sets, "--set", f"runtime.compile_cache={tmp}/a", "--json", f"{tmp}/pre.json", env=env)
+        precompile_seconds = time.perf_counter() - t0
+        manifest = json.loads(Path(json.loads(Path(f"{tmp}/pre.json").read_text())["manifest"]).read_text())
+        planned = {m for g in manifest["graphs"] for m in g["modules"]}
+        trial_env = {**env, "NEURON_EXTRACT_GRAPHS_ONLY": "1", "NEURON_COMPILE_CACHE_URL": f"{tmp}/b"}
+        log.write_text("")
+        t0 = time.perf_counter()
+        cli("run", recipe, *sets[:6], "--set", f"train.max_steps={trial_steps}", "--set",
+            "train.schedule.warmup_steps=2", "--set", f"runtime.compile_cache={tmp}/b", "--output-dir",
+            f"{tmp}/trial", env=trial_env)
+        subprocess.run([sys.executable, "-m", "libneuronxla.neuron_parallel_compile", "--command", "compile"],
+                       env={**os.environ, **env, "NEURON_COMPILE_CACHE_URL": f"{tmp}/b"}, capture_output=True,
+                       check=True, cwd=tmp)
+        trial_seconds = time.perf_counter() - t0
+        seen = {json.loads(line)["module"] for line in log.read_text().splitlines()
+                if json.loads(line)["event"] == "extract"}
+    return {"planned_steps": steps,
+            "precompile": {"graphs_found": len(planned), "graphs_missed": 0, "seconds": round(precompile_seconds, 1)},
+            f"trial_extraction_{trial_steps}_steps": {"graphs_found": len(seen & planned),
+                                                      "graphs_missed": len(planned - seen),
+                                                      "seconds": round(trial_seconds, 1)}}
 
 
 def fake_cache(root: Path, entries: int) -> int:
@@ -129,8 +175,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="planned steps of the recipe (auto buckets use it)")
     parser.add_argument("--entries", type=int, default=240)
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--trial-steps", type=int, default=10)
     args = parser.parse_args()
-    print(json.dumps({"discovery": discovery_vs_trial(args.recipe, args.steps),
+    print(json.dumps({"runtime_extraction": runtime_extraction(args.recipe, args.steps, args.trial_steps),
+                      "discovery": discovery_vs_trial(args.recipe, args.steps),
                       "transfers": transfers(args.entries, args.workers)}, indent=2))
 
 
