@@ -159,3 +159,14 @@ def test_precompile_and_cache_usage_errors(tmp_path: Path):
     assert_one_line_usage_error(run_cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)),
                                 "bad duration")
     assert_one_line_usage_error(run_cli("cache", "status", str(tmp_path / "missing.yaml")), "missing.yaml")
+
+
+@pytest.mark.parametrize("flag, message", [("--xla_made_up_flag=1", "XLA has no flag --xla_made_up_flag"),
+                                           ("--model-type=transformer", "is not an XLA flag")])
+def test_a_bad_xla_flag_is_refused_before_xla_sees_it(tmp_path, flag, message):
+    """XLA aborts the whole process on an unknown XLA_FLAGS entry; the toolkit checks first."""
+    res = run_cli("run", str(RECIPES / "tiny-llama-clm.yaml"), "--set", f"runtime.xla_flags=[{flag}]",
+                  "--no-preflight", "--output-dir", str(tmp_path / "run"))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.stderr

@@ -159,6 +159,9 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     all_lengths = data.train_lengths + data.eval_lengths
     longest = max(all_lengths)
     notes: list[str] = []
+    if recipe.runtime.compiler_flags and backend != "neuron":
+        notes.append(f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
+                     f"runtime gets them where it is installed; {backend} never sees them")
     estimate = None
     if spec.buckets == "dynamic":
         buckets, mode = None, "dynamic"
