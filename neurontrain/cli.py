@@ -155,6 +155,11 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
         os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
         say(f"Neuron runtime cache: {describe_location(location)}")
     plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
+    if plan.world > 1 and not plan.host_reduce:
+        raise UsageError(f"{backend.name} reduces gradients inside the step graph: its data-parallel graphs hold a "
+                         f"collective over {plan.world} workers, which one process cannot trace (not built yet). "
+                         "Extract them with the runtime instead: neuron_parallel_compile neurontrain run RECIPE "
+                         f"--nproc-per-node N --set train.max_steps=K (run keeps nothing under extraction)")
     cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     report = precompile(plan, backend, cache.local, through_runtime=target == "neuron", workers=args.workers)
     print(report.table(), file=sys.stderr)
