@@ -118,6 +118,9 @@ def _build_parser() -> argparse.ArgumentParser:
     health.add_argument("--backend", default="auto", choices=["auto", "neuron", "xla-cpu", "xla-cuda", "eager"])
     health.add_argument("--json", dest="json_file", help="write every figure to this file")
     health.add_argument("--work-dir", help="where workers write their progress (default: a temporary directory)")
+    health.add_argument("--hosts", help="every node's address, node 0 first (HOST0,HOST1,...): with --nnodes > 1 on "
+                                        "Neuron hosts, node 0 runs nccom-test across them (MPI mode); without it, "
+                                        "inside a Slurm allocation, Slurm mode")
 
     add_submit_parser(sub)
 
@@ -305,7 +308,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
         raise UsageError("--node-rank must be between 0 and --nnodes - 1")
     opts = HealthOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
                          args.timeout, [_parse_size(x) for x in args.sizes.split(",")], args.iters, args.backend,
-                         args.expect_devices, args.min_busbw, Path(args.work_dir) if args.work_dir else None)
+                         args.expect_devices, args.min_busbw, Path(args.work_dir) if args.work_dir else None,
+                         hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None)
     result = run_health(opts)
     print(format_table(result), file=sys.stderr)
     if args.json_file:

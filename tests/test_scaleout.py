@@ -1,8 +1,9 @@
 """Data-parallel runs with real torchrun workers on XLA:CPU (gloo between them), elastic restart after a
-SIGKILL, bad combinations, and a real single-node Slurm running the generated sbatch script."""
+SIGKILL, bad combinations, and a real Slurm (two nodes on this machine) running the generated sbatch script."""
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -32,11 +33,28 @@ def _assert_curves_match(one: Path, two: Path, steps: int) -> None:
     assert worst < 1e-3, f"2-worker loss differs from 1-worker by {worst:.2e} relative"
 
 
+# Two Slurm "nodes" on this machine, each with its own loopback address. A c10d rendezvous sorts its
+# participants' ids, which start with the address as a string: "127.0.0.10" < "127.0.0.9", so it would make nodeb
+# rank 0, while the first host of the job's node list (node 0) is nodea.
+NODES = {"nodea": "127.0.0.9", "nodeb": "127.0.0.10"}
+RECORDER = """import json, os, resource
+if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ and os.environ.get("NEURONTRAIN_TEST_RECORD"):
+    keys = ("RANK", "GROUP_RANK", "MASTER_ADDR", "NEURON_RT_ROOT_COMM_ID", "SLURMD_NODENAME", "SLURM_NODEID",
+            "NEURONTRAIN_CACHE_DIR")
+    record = {k: os.environ.get(k) for k in keys}
+    record["nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)  # (soft, hard)
+    path = os.path.join(os.environ["NEURONTRAIN_TEST_RECORD"], f"worker-{os.getpid()}.json")
+    with open(path, "w") as fh:
+        json.dump(record, fh)
+"""
+
+
 @pytest.fixture(scope="module")
 def llama_two_workers(tmp_path_factory) -> Path:
     """The 2-worker tiny-Llama run the other tests compare against. Where a real Slurm can be started here
-    (root and slurm-wlm, as in CI), the run is the job of the sbatch script `submit slurm` writes, on a
-    single-node Slurm cluster; elsewhere the same run is started directly."""
+    (root and slurm-wlm, as in CI), the run is the job of the sbatch script `submit slurm` writes, on a Slurm
+    cluster of two nodes (one worker each); every worker records the environment it sees. Elsewhere the same run
+    is started directly."""
     import slurm_cluster
 
     root = tmp_path_factory.mktemp("dp")
@@ -45,19 +63,33 @@ def llama_two_workers(tmp_path_factory) -> Path:
         result = run_cli("run", LLAMA, "-o", str(out), "--nproc-per-node", "2", *LLAMA_ARGS)
         assert result.returncode == 0, result.stderr[-3000:]
         return out
-    cluster = slurm_cluster.SlurmCluster(root / "slurm").start()
+    (root / "site").mkdir()
+    (root / "site" / "sitecustomize.py").write_text(RECORDER)
+    (root / "workers").mkdir()
+    reserved = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+    reserved_before = reserved.read_text()
+    cluster = slurm_cluster.SlurmCluster(root / "slurm", NODES).start()
     try:
-        result = run_cli("submit", "slurm", LLAMA, "--nodes", "1", "--nproc-per-node", "2", "--backend", "xla-cpu",
-                         "-o", str(out), "--master-port", str(_free_port()), "--max-restarts", "0", "--submit",
-                         "--job-name", "llama-dp", *LLAMA_ARGS, timeout=120)
+        env = {**cluster.env, "PYTHONPATH": str(root / "site"), "NEURONTRAIN_TEST_RECORD": str(root / "workers")}
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))  # the job inherits it: the script raises it
+        try:
+            result = run_cli("submit", "slurm", LLAMA, "--nodes", "2", "--nproc-per-node", "1", "--backend", "xla-cpu",
+                             "-o", str(out), "--master-port", str(_free_port()), "--max-restarts", "0", "--submit",
+                             "--job-name", "llama-dp", "--node-cache-dir", str(root / "node-cache"), *LLAMA_ARGS,
+                             env=env, timeout=120)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert result.returncode == 0, result.stderr
         submitted = json.loads(result.stdout)
         state = cluster.wait(submitted["job_id"], timeout=400)
-        log = Path(submitted["log"])
-        assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else state
-        (root / "slurm-job.json").write_text(json.dumps({**submitted, "state": state}))
+        logs = sorted(Path(submitted["node_logs"]).glob("node-*.log"))
+        assert state == "COMPLETED", "\n".join(p.read_text()[-3000:] for p in logs) or state
+        (root / "slurm-job.json").write_text(json.dumps({
+            **submitted, "state": state, "reserved_ports": reserved.read_text().strip()}))
     finally:
         cluster.stop()
+        reserved.write_text(reserved_before.strip() or "\n")  # the job reserved the root-comm port: undo
     return out
 
 
@@ -170,11 +202,35 @@ def test_generated_sbatch_ran_on_a_real_slurm(llama_two_workers):
         pytest.skip(why)
     job = read_json(llama_two_workers.parent / "slurm-job.json")
     assert job["state"] == "COMPLETED" and Path(job["script"]).name == "llama-dp.sbatch"
-    log = Path(job["log"]).read_text()
-    assert "2 workers x batch 8" in log and "preflight ok" in log
+    node0 = (Path(job["node_logs"]) / "node-0.log").read_text()
+    assert "2 workers x batch 8" in node0 and "preflight ok" in node0
+    assert (Path(job["node_logs"]) / "node-1.log").exists()  # a log per node
+    assert "41000" in job["reserved_ports"].split(",")  # the root-comm port left the ephemeral range
     summary = read_json(llama_two_workers / "summary.json")
     assert summary["world_size"] == 2 and summary["steps"] == 16
     assert (llama_two_workers / "checkpoints" / "step_00000016" / "COMPLETE").exists()
+
+
+def test_workers_see_the_root_comm_address_of_rank_0s_host(llama_two_workers):
+    """Each worker's own record: rank 0 runs on the job's first host, and every worker's NEURON_RT_ROOT_COMM_ID
+    and MASTER_ADDR name that host's address, although sorting the addresses would put the other node first."""
+    import slurm_cluster
+
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(why)
+    records = [read_json(p) for p in (llama_two_workers.parent / "workers").glob("worker-*.json")]
+    assert sorted(int(r["RANK"]) for r in records) == [0, 1]
+    assert sorted(NODES.values())[0] != NODES["nodea"]  # the test's premise (string order, as c10d sorts)
+    rank0 = next(r for r in records if r["RANK"] == "0")
+    assert rank0["SLURMD_NODENAME"] == "nodea" and rank0["SLURM_NODEID"] == "0"
+    assert {r["SLURMD_NODENAME"] for r in records} == set(NODES)
+    for r in records:
+        assert r["NEURON_RT_ROOT_COMM_ID"] == f"{NODES[rank0['SLURMD_NODENAME']]}:41000", r
+        assert r["MASTER_ADDR"] == NODES[rank0["SLURMD_NODENAME"]], r
+        soft, hard = r["nofile"]
+        assert r["GROUP_RANK"] == r["SLURM_NODEID"] and soft >= min(65535, hard), r  # raised as far as allowed
+        assert r["NEURONTRAIN_CACHE_DIR"] == str(llama_two_workers.parent / "node-cache")
 
 
 def _free_port() -> int:

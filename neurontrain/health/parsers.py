@@ -28,38 +28,43 @@ def bandwidths(op: str, ranks: int, size_bytes: int, seconds: float) -> tuple[fl
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
 _AVG = re.compile(r"Avg bus bandwidth:\s*([\d.]+)\s*GB/s")
 _ERRORS = re.compile(r"(\d+)\s+errors? found - test failed")
+# Lines that report a failure: nccom-test's own forms (a size that could not run, the error count, the driver
+# check), a runtime or collectives log line at level ERROR/FATAL, a Python traceback or a usage error. Any other
+# line (runtime WARN/INFO lines, banners, progress) is kept as a note and fails nothing.
+_FAILURE = re.compile(r"Failure running|errors? found|test failed|Driver is not running|Traceback \(most recent"
+                      r"|^\s*(\S+: )?error:|(^|\s)(ERROR|FATAL)(\s|$)")
+_SIZE_FIRST = re.compile(r"^\s*\d+\s+\S")
 
 
-def parse_nccom_test(text: str) -> dict:
-    """Rows, average bus bandwidth and failures of an `nccom-test` run."""
-    rows, failures = [], []
+def parse_nccom_test(text: str, expected_sizes: list[int] | None = None) -> dict:
+    """Rows, average bus bandwidth, failures and notes of an `nccom-test` run. It passes when it has rows, no
+    failure line, and (when given) a row for every expected size."""
+    rows, failures, notes = [], [], []
     avg = None
     errors = 0
-    header_seen = False
     for line in text.splitlines():
-        if "size(B)" in line and "busbw" in line:
-            header_seen = True
+        if not line.strip() or ("size(B)" in line and "busbw" in line):
             continue
         m = _ROW.match(line)
         if m:
             size, count, dtype, time_us, algbw, busbw = m.groups()
             rows.append({"size_bytes": int(size), "count": int(count), "dtype": dtype, "time_us": float(time_us),
                          "algbw_gibps": float(algbw), "busbw_gibps": float(busbw)})
-            continue
-        if (m := _AVG.search(line)):
+        elif (m := _AVG.search(line)):
             avg = float(m.group(1))
-            continue
-        if (m := _ERRORS.search(line)):
-            errors = int(m.group(1))
+        elif _FAILURE.search(line) or _SIZE_FIRST.match(line):  # also a size row cut short
+            if (m := _ERRORS.search(line)):
+                errors = int(m.group(1))
             failures.append(line.strip())
-            continue
-        if line.strip() and (header_seen or not rows):
-            # a size with "Failure running neuron-bench - log file ...", or an immediate error such as the driver
-            # not running
-            failures.append(line.strip())
-    ok = bool(rows) and not failures and errors == 0
-    return {"rows": rows, "avg_busbw_gibps": avg, "errors": errors or len(failures),
-            "failures": failures, "ok": ok}
+        else:
+            notes.append(line.strip())
+    missing = sorted(set(expected_sizes or []) - {r["size_bytes"] for r in rows})
+    if rows and missing:
+        failures.append(f"no result for size(s) {', '.join(map(str, missing))}")
+    if not rows and not failures:
+        failures.append("no results")
+    return {"rows": rows, "avg_busbw_gibps": avg, "errors": errors or len(failures), "failures": failures,
+            "notes": notes, "ok": bool(rows) and not failures}
 
 
 def parse_neuron_ls(text: str) -> dict:

@@ -2,7 +2,9 @@
 the rank that hangs, dies or returns wrong data, and leave no process behind. Exit 3 on any failure.
 
 On a Neuron host it also runs `neuron-ls --json-output`, reads the uncorrected-ECC counters from sysfs and
-runs `nccom-test ... --check` for each collective (only there: the tools exist only on Neuron hosts).
+runs `nccom-test ... --check` for each collective (only there: the tools exist only on Neuron hosts). Across
+nodes, node 0 runs one nccom-test over all of them (MPI mode with --hosts, or Slurm mode inside an allocation),
+as the NCCOM-TEST guide prescribes; the other nodes run none of their own.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neurontrain.health.parsers import NCCOM_OP, OPS, parse_neuron_ls, parse_nccom_test, read_ecc, verdict
+from neurontrain.errors import UsageError
+from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
+from neurontrain.health.parsers import OPS, parse_neuron_ls, parse_nccom_test, read_ecc, verdict
 
 STALL_SECONDS = 3.0
 
@@ -38,14 +42,29 @@ class HealthOptions:
     min_busbw_gibps: float | None = None
     work_dir: Path | None = None
     neuron_tools: bool | None = None  # None: when neuron-ls is on PATH
+    hosts: list[str] | None = None    # every node's address, node 0 first: nccom-test's MPI mode
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def nccom_plan(opts: HealthOptions) -> NccomMode:
+    """How this node runs nccom-test (bad input raises before any worker starts)."""
+    import socket
+
+    mode = nccom_mode(opts.nnodes, opts.node_rank, opts.hosts, opts.master_addr, os.environ.get("SLURM_JOB_ID"))
+    if mode.kind != "mpi":
+        return mode
+    try:
+        first = socket.gethostbyname(mode.hosts[0])
+    except OSError as exc:
+        raise UsageError(f"cannot resolve --hosts {mode.hosts[0]!r}: {exc.strerror or exc}") from None
+    return with_root_comm(mode, first, _free_port(""))  # nccom-test runs here, on the first host
 
 
 def _read(path: Path) -> dict | None:
@@ -86,6 +105,8 @@ def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
 
 def run_health(opts: HealthOptions) -> dict:
     start = time.time()
+    neuron = opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls") is not None)
+    mode = nccom_plan(opts) if neuron else None
     work = Path(opts.work_dir or tempfile.mkdtemp(prefix="neurontrain-health-"))
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("rank*.json"):
@@ -164,12 +185,20 @@ def run_health(opts: HealthOptions) -> dict:
     result = {"started_at": start, "world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
               "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
               "collectives": _collective_table(reports), "bad_ranks": bad, "node_device": device}
+    return _conclude(result, opts, reports, local, mode)
+
+
+def _conclude(result: dict, opts: HealthOptions, reports: dict, local: range, mode: NccomMode | None) -> dict:
+    """Thresholds, the Neuron tools' checks, and the verdict."""
+    bad = result["bad_ranks"]
     if opts.min_busbw_gibps is not None:
         slow = [c for c in result["collectives"] if c["busbw_gibps"] < opts.min_busbw_gibps
                 and c["size_bytes"] >= max(opts.sizes)]
         result["below_threshold"] = slow
-    if opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls")):
-        result["neuron"] = neuron_checks(opts, world)
+    if mode is not None:
+        result["neuron"] = neuron_checks(opts, result["world_size"], mode)
+        bad += [{"rank": f"node {opts.node_rank}", "host": os.uname().nodename, "check": check, "problem": problem}
+                for check, problem in result["neuron"]["problems"]]
     result["ok"] = not bad and not result.get("below_threshold") and result.get("neuron", {}).get("ok", True) \
         and all(rep.get("state") == "done" for rep in reports.values()) and len(reports) == len(local)
     if not result["ok"] and not bad and not result.get("below_threshold"):
@@ -207,29 +236,36 @@ def _collective_table(reports: dict[int, dict]) -> list[dict]:
     return [rows[k] for k in sorted(rows, key=lambda k: (OPS.index(k[0]), k[1]))]
 
 
-def neuron_checks(opts: HealthOptions, world: int) -> dict:
-    out: dict = {"ok": True}
+def neuron_checks(opts: HealthOptions, world: int, mode: NccomMode) -> dict:
+    """neuron-ls, ECC counters and nccom-test; `problems` lists (check, problem) for each failure."""
+    out: dict = {"ok": True, "problems": []}
     try:
         ls = subprocess.run(["neuron-ls", "--json-output"], capture_output=True, text=True, timeout=opts.timeout)
         out["neuron_ls"] = parse_neuron_ls(ls.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         out["neuron_ls"] = {"error": str(exc)}
-        out["ok"] = False
+        out["problems"].append(("neuron-ls", str(exc)))
     out["ecc"] = read_ecc()
-    if any(v > 0 for counters in out["ecc"].values() for v in counters.values()):
-        out["ok"] = False
-    out["nccom_test"] = {}
-    for op in OPS:
-        cmd = ["nccom-test", "-r", str(world), "-N", str(opts.nnodes), "-b", str(min(opts.sizes)), "-e",
-               str(max(opts.sizes)), "-f", "4", "-d", "fp32", "-n", str(opts.iters), "--check", NCCOM_OP[op]]
+    out["problems"] += [("ECC", f"{device}: {name} = {v}") for device, counters in out["ecc"].items()
+                        for name, v in counters.items() if v > 0]
+    out["nccom_test"] = {"mode": mode.kind}
+    if mode.kind == "skip":
+        out["nccom_test"]["note"] = "node 0 runs nccom-test across all nodes"
+    for op in OPS if mode.kind != "skip" else ():
+        cmd, env = nccom_command(op, world, opts.nnodes, opts.sizes, opts.iters, mode)
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-            parsed = parse_nccom_test(res.stdout + res.stderr)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env={**os.environ, **env})
+            parsed = parse_nccom_test(res.stdout + res.stderr, expected_sizes(opts.sizes))
             parsed["exit_code"] = res.returncode
+            if res.returncode != 0 and parsed["ok"]:
+                parsed["ok"], parsed["failures"] = False, [f"nccom-test exited {res.returncode}"]
         except (OSError, subprocess.TimeoutExpired) as exc:
             parsed = {"ok": False, "failures": [f"{type(exc).__name__}: {exc}"]}
+        parsed["command"] = " ".join([f"{k}={v}" for k, v in env.items()] + cmd)
         out["nccom_test"][op] = parsed
-        out["ok"] &= bool(parsed.get("ok")) and parsed.get("exit_code", 0) == 0
+        if not parsed["ok"]:
+            out["problems"].append((f"nccom-test {op}", parsed["failures"][0]))
+    out["ok"] = not out["problems"]
     return out
 
 
@@ -247,6 +283,10 @@ def format_table(result: dict) -> str:
         checks = result["node_device"].get("results", [])
         lines.append(f"node device ({result['node_device'].get('host', '?')}, shared by the local workers): "
                      f"{sum(1 for c in checks if c.get('ok'))}/{len(checks)} checks ok")
+    for op, run in (result.get("neuron") or {}).get("nccom_test", {}).items():
+        if isinstance(run, dict):
+            lines.append(f"nccom-test {op}: {len(run.get('rows', []))} sizes, avg busbw {run.get('avg_busbw_gibps')} GB/s"
+                         f" {'ok' if run.get('ok') else 'FAILED: ' + '; '.join(run.get('failures', [])[:2])}")
     for bad in result["bad_ranks"]:
         lines.append(f"BAD rank {bad['rank']} on {bad['host']}: {bad['problem']} in {bad['check']}")
     for slow in result.get("below_threshold", []):
