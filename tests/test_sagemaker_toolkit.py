@@ -2,12 +2,11 @@
 inside the training containers): the request's hyperparameters written as SageMaker writes them, a local
 channel directory, the toolkit's own environment, entry-point install and process runner, into a temp /opt/ml."""
 
-import io
 import json
+import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,7 @@ def _opt_ml(root: Path, request: dict, data: Path) -> dict:
 
 
 def test_entry_script_trains_inside_the_sagemaker_training_toolkit(tmp_path):
-    pytest.importorskip("sagemaker_training")
+    import sagemaker_training  # noqa: F401  (a test dependency: fail, do not skip, when it is missing)
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog {i % 7} " * 3})
                             + "\n" for i in range(200)))
@@ -64,7 +63,7 @@ def test_entry_script_trains_inside_the_sagemaker_training_toolkit(tmp_path):
            "SM_STUDIO_LOCAL_MODE": "true",  # the toolkit's switch for hosts that do not resolve algo-N names
            "AWS_REGION": "us-west-2", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run([sys.executable, "-c", "from sagemaker_training import trainer; trainer.train()"],
-                          env={**__import__("os").environ, **env}, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]

@@ -137,33 +137,7 @@ def run_health(opts: HealthOptions) -> dict:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     local = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
-    deadline = start + opts.timeout
-    stalled: dict[int, str] = {}
-    stopped_since: dict[int, float] = {}
-    timed_out = False
-    while proc.poll() is None:
-        now = time.time()
-        states = [(_read(work / f"rank{r}.json") or {}).get("state") for r in local]
-        if all(state == "done" for state in states):
-            break  # every worker finished: no need to wait for the launcher's own shutdown
-        for rank in local:
-            report = _read(work / f"rank{rank}.json")
-            if not report or report.get("state") != "running":
-                continue
-            state = _proc_state(report["pid"])
-            if state in ("", "Z", "X"):
-                stalled[rank] = "died"
-            elif state == "T":
-                if now - stopped_since.setdefault(rank, now) > STALL_SECONDS:
-                    stalled[rank] = "hung"
-            else:
-                stopped_since.pop(rank, None)
-        if stalled:
-            break
-        if now > deadline:
-            timed_out = True
-            break
-        time.sleep(0.2)
+    stalled, timed_out = _watch(proc, work, local, start + opts.timeout)
     reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
     for rank, rep in reports.items():
         if rep.get("state") != "running":
@@ -186,6 +160,36 @@ def run_health(opts: HealthOptions) -> dict:
               "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
               "collectives": _collective_table(reports), "bad_ranks": bad, "node_device": device}
     return _conclude(result, opts, reports, local, mode)
+
+
+def _watch(proc: subprocess.Popen, work: Path, local: range, deadline: float) -> tuple[dict[int, str], bool]:
+    """Follow the workers' heartbeats and process states until all are done, one died or stopped, or the
+    deadline passed; returns ({rank: "died"|"hung"}, timed out)."""
+    stalled: dict[int, str] = {}
+    stopped_since: dict[int, float] = {}
+    while proc.poll() is None:
+        now = time.time()
+        states = [(_read(work / f"rank{r}.json") or {}).get("state") for r in local]
+        if all(state == "done" for state in states):
+            break  # every worker finished: no need to wait for the launcher's own shutdown
+        for rank in local:
+            report = _read(work / f"rank{rank}.json")
+            if not report or report.get("state") != "running":
+                continue
+            state = _proc_state(report["pid"])
+            if state in ("", "Z", "X"):
+                stalled[rank] = "died"
+            elif state == "T":
+                if now - stopped_since.setdefault(rank, now) > STALL_SECONDS:
+                    stalled[rank] = "hung"
+            else:
+                stopped_since.pop(rank, None)
+        if stalled:
+            break
+        if now > deadline:
+            return stalled, True
+        time.sleep(0.2)
+    return stalled, False
 
 
 def _conclude(result: dict, opts: HealthOptions, reports: dict, local: range, mode: NccomMode | None) -> dict:
