@@ -152,9 +152,9 @@ def test_precompile_and_cache_usage_errors(tmp_path: Path):
     assert_one_line_usage_error(run_cli("precompile", tiny, "--workers", "0"), "--workers must be at least 1")
     assert_one_line_usage_error(run_cli("precompile", str(tmp_path / "nope.yaml")), "nope.yaml")
     assert_one_line_usage_error(run_cli("precompile", tiny, "--cache", "ftp://x/y"), "bad cache URL")
-    no_cc = {"PATH": "/usr/bin:/bin", "NEURONX_CC": ""}
-    assert_one_line_usage_error(run_cli("precompile", tiny, "--target", "neuron", "--cache", str(tmp_path), env=no_cc),
-                                "neuronx-cc not found")
+    # no Neuron runtime (libneuronxla) importable here
+    assert_one_line_usage_error(run_cli("precompile", tiny, "--target", "neuron", "--cache", str(tmp_path)),
+                                "--target neuron needs the Neuron runtime")
     assert_one_line_usage_error(run_cli("cache"), "cache needs a command")
     assert_one_line_usage_error(run_cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)),
                                 "bad duration")
