@@ -123,7 +123,8 @@ class DataParallel:
     def reduce_in_graph(self, params: list[torch.Tensor], items: torch.Tensor) -> torch.Tensor:
         """Neuron / XLA:CUDA: the same weighted mean, as all-reduces inside the step's graph (xm.all_reduce,
         what xm.optimizer_step does, plus the weights). `items` is this worker's loss-item count on the device;
-        returns the global count. Written to torch-xla's API; not runnable on XLA:CPU, where torchrun workers cannot form an xla process group."""
+        returns the global count. Written to torch-xla's API; not runnable on XLA:CPU, where torchrun workers
+        cannot form an xla process group."""
         import torch_xla.core.xla_model as xm
 
         grads = [p.grad for p in params]
