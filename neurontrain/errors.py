@@ -23,3 +23,9 @@ class RecompilationError(NeurontrainError):
     """The recompilation guard found a graph the plan did not expect (exit 1)."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of an exception's message (its type name when it has none), at most `limit` chars."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:limit]
