@@ -132,7 +132,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _cmd_precompile(args: argparse.Namespace) -> int:
     from neurontrain.backend import backend_for, neuron_runtime_present
-    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.cache import resolve_cache
     from neurontrain.compile.discover import run_plan_id
     from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_location, describe_location, say
     from neurontrain.compile.precompile import precompile
@@ -326,7 +326,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
     from neurontrain.backend import package_versions, select_backend
 
     from neurontrain.backend import neuron_runtime_present
-    from neurontrain.compile.cachecmd import default_local
+    from neurontrain.compile.cache import default_local
     from neurontrain.compile.runtime_cache import runtime_cache_location
 
     backend = select_backend(args.backend)

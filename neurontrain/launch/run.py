@@ -89,7 +89,7 @@ def _print_summary(summary: dict) -> None:
 
 def _single(args: argparse.Namespace, recipe, output_dir: Path) -> int:
     from neurontrain.backend import backend_for
-    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.cache import resolve_cache
     from neurontrain.compile.discover import run_plan_id
     from neurontrain.compile.neuron_runtime import attach_runtime
     from neurontrain.compile.runtime_cache import scan_modules
@@ -148,7 +148,7 @@ def _launch(args: argparse.Namespace, recipe, output_dir: Path, topology: Topolo
     """Validate the whole job here (bad input exits 2 before any worker starts), pull the compile cache once
     for the node, start the workers, push after."""
     from neurontrain.backend import resolve_backend_name
-    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.cache import resolve_cache
     from neurontrain.compile.discover import run_plan_id
     from neurontrain.compile.neuron_runtime import attach_runtime
     from neurontrain.compile.runtime_cache import scan_modules
@@ -178,7 +178,7 @@ def _launch(args: argparse.Namespace, recipe, output_dir: Path, topology: Topolo
 
 def _worker(args: argparse.Namespace, recipe, output_dir: Path) -> int:
     from neurontrain.backend import backend_for
-    from neurontrain.compile.cachecmd import resolve_cache
+    from neurontrain.compile.cache import resolve_cache
     from neurontrain.compile.neuron_runtime import attach_runtime
     from neurontrain.health.preflight import preflight
     from neurontrain.loop.dataparallel import DataParallel
