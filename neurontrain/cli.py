@@ -174,7 +174,7 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from neurontrain.compile import cachecmd
+    from neurontrain.compile import cache as cachecmd
 
     if args.cache_command is None:
         raise UsageError("cache needs a command: status, ls, push, pull, verify, prune, import")
