@@ -4,12 +4,20 @@ backed by an s3:// store that is pulled before and pushed after (by one process 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from neurontrain.compile.discover import run_plan_id
+from neurontrain.compile.manifest import load_manifest, manifest_path
+from neurontrain.compile.s3 import S3Store
 from neurontrain.compile.store import local_entries, parse_duration, remove_entry, verify_local
+from neurontrain.errors import UsageError
+from neurontrain.logs import get_logger
+from neurontrain.loop.planning import make_plan
+
+log = get_logger(__name__)
+
 
 def default_local() -> Path:
     """The local cache that mirrors an s3:// cache: NEURONTRAIN_CACHE_DIR, else compile_cache/ here."""
@@ -23,14 +31,12 @@ def _node_leader() -> bool:
 @dataclass
 class Cache:
     local: Path
-    remote: "object | None" = None  # S3Store
+    remote: S3Store | None = None
 
     def pull_before(self, recipe_name: str, plan_id: str) -> dict | None:
         """Fetch this plan's manifest, then the graphs and compiled modules it names (not the whole store)."""
         if self.remote is None or not _node_leader():
             return None
-        from neurontrain.compile.manifest import load_manifest, manifest_path
-
         path = manifest_path(self.local, recipe_name, plan_id)
         wanted = {f"manifests/{path.name}"}
         report = self.remote.pull(self.local, only=wanted)
@@ -43,43 +49,39 @@ class Cache:
             report.entries += more.entries
             report.bytes += more.bytes
             report.refused += more.refused
-        _say(f"pulled {report.entries} entries ({report.bytes} bytes) from {self.remote.url}"
-             + (f"; refused {len(report.refused)}: " + "; ".join(f"{p['entry']}/{p['file']}: {p['problem']}"
-                                                               for p in report.refused) if report.refused else ""))
+        log.info(
+            f"pulled {report.entries} entries ({report.bytes} bytes) from {self.remote.url}"
+            + (
+                f"; refused {len(report.refused)}: "
+                + "; ".join(f"{p['entry']}/{p['file']}: {p['problem']}" for p in report.refused)
+                if report.refused
+                else ""
+            )
+        )
         return report.to_json()
 
     def push_after(self) -> dict | None:
         if self.remote is None or not _node_leader():
             return None
         report = self.remote.push(self.local)
-        _say(f"pushed {report.entries} entries ({report.objects} objects, {report.bytes} bytes) to {self.remote.url}")
+        log.info(
+            f"pushed {report.entries} entries ({report.objects} objects, {report.bytes} bytes) to {self.remote.url}"
+        )
         return report.to_json()
-
-
-def _say(message: str) -> None:
-    print(f"neurontrain: {message}", file=sys.stderr)
 
 
 def resolve_cache(url: str | None, local: str | None = None, workers: int = 8) -> Cache:
     """A local path is the cache itself; s3://bucket/prefix is a remote store mirrored in `local`
     (default compile_cache/ in the working directory)."""
     if url and url.startswith("s3://"):
-        from neurontrain.compile.s3 import S3Store
-
         return Cache(Path(local) if local else default_local(), S3Store(url, workers=workers))
     if url and "://" in url:
-        from neurontrain.errors import UsageError
-
         raise UsageError(f"bad cache URL {url!r} (expected a local directory or s3://bucket/prefix)")
     return Cache(Path(local or url) if (local or url) else default_local())
 
 
 def cache_status(recipe, cache: Cache, backend_name: str) -> dict:
     """Which of the recipe's graphs are present, from its precompile manifest (local, or pulled from the store)."""
-    from neurontrain.compile.discover import run_plan_id
-    from neurontrain.compile.manifest import load_manifest, manifest_path
-    from neurontrain.loop.planning import make_plan
-
     plan = make_plan(recipe, backend_name)
     pid = run_plan_id(plan, backend_name)
     path = manifest_path(cache.local, recipe.name, pid)
@@ -87,8 +89,14 @@ def cache_status(recipe, cache: Cache, backend_name: str) -> dict:
     if not path.is_file() and f"manifests/{path.name}" in remote_entries:
         cache.remote.pull(cache.local, only={f"manifests/{path.name}"})
     manifest = load_manifest(path)
-    out = {"recipe": recipe.name, "plan_id": pid, "backend": backend_name, "manifest": str(path),
-           "planned_graphs": [list(k) for k in plan.expected_graphs()], "graphs": []}
+    out = {
+        "recipe": recipe.name,
+        "plan_id": pid,
+        "backend": backend_name,
+        "manifest": str(path),
+        "planned_graphs": [list(k) for k in plan.expected_graphs()],
+        "graphs": [],
+    }
     if manifest is None:
         out["note"] = "no manifest for this plan: run `neurontrain precompile` with the same recipe and overrides"
         return out
@@ -99,10 +107,19 @@ def cache_status(recipe, cache: Cache, backend_name: str) -> dict:
             where.append("local")
         if f"graphs/{g.graph_id}" in remote_entries:
             where.append("remote")
-        modules = {m: [w for w, present in (("local", m in local), ("remote", m in remote_entries)) if present]
-                   for m in g.modules}
-        out["graphs"].append({"key": g.key, "graph_id": g.graph_id, "hlo": where, "modules": modules,
-                              "compiled": bool(modules) and all(modules.values())})
+        modules = {
+            m: [w for w, present in (("local", m in local), ("remote", m in remote_entries)) if present]
+            for m in g.modules
+        }
+        out["graphs"].append(
+            {
+                "key": g.key,
+                "graph_id": g.graph_id,
+                "hlo": where,
+                "modules": modules,
+                "compiled": bool(modules) and all(modules.values()),
+            }
+        )
     return out
 
 
@@ -123,11 +140,19 @@ def verify(cache: Cache) -> list[dict]:
 def list_entries(cache: Cache) -> list[dict]:
     if cache.remote is not None:
         cache.remote.check()
-        return [{"entry": p, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
-                for p, t in sorted(cache.remote.list_entries().items())]
+        return [
+            {"entry": p, "published": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
+            for p, t in sorted(cache.remote.list_entries().items())
+        ]
     rows = []
     for path, entry in local_entries(cache.local).items():
         files = entry.files()
-        rows.append({"entry": path, "files": len(files), "bytes": sum(p.stat().st_size for p in files.values()),
-                     "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.mtime()))})
+        rows.append(
+            {
+                "entry": path,
+                "files": len(files),
+                "bytes": sum(p.stat().st_size for p in files.values()),
+                "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.mtime())),
+            }
+        )
     return rows

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -20,6 +20,7 @@ from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
 from neurontrain.data.collate import Collator
 from neurontrain.data.plan import PlannedBatch
+from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
@@ -49,10 +50,18 @@ class _Tracer:
         self.cpu_model.zero_grad(set_to_none=True)
         data, spec = plan.data, self.recipe.data
         # worker 0's rows of each global batch: every worker's batch has the same shape
-        self.collate = Collator(data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id,
-                                0, plan.world)
-        self.eval_collate = Collator(data.eval_ids, data.eval_labels, self.recipe.task,
-                                     spec.eval_batch_size or spec.batch_size, data.pad_id, 0, plan.world)
+        self.collate = Collator(
+            data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id, 0, plan.world
+        )
+        self.eval_collate = Collator(
+            data.eval_ids,
+            data.eval_labels,
+            self.recipe.task,
+            spec.eval_batch_size or spec.batch_size,
+            data.pad_id,
+            0,
+            plan.world,
+        )
 
     def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
         """Model and optimizer on the device. set_up: state as after the loop's set-up sync (device data)."""
@@ -96,20 +105,27 @@ class _Tracer:
         return steps.state_tensors(model, optimizer) + [loss], shapes
 
 
-def discover(plan: RunPlan, backend: Backend, cache_root: Path,
-             on_graph: Callable[[GraphRecord], None] | None = None,
-             extract: Callable[[Callable[[], None]], list[str]] | None = None) -> Manifest:
+def discover(
+    plan: RunPlan,
+    backend: Backend,
+    cache_root: Path,
+    on_graph: Callable[[GraphRecord], None] | None = None,
+    extract: Callable[[Callable[[], None]], list[str]] | None = None,
+) -> Manifest:
     """Trace every planned graph; write each HLO under cache_root/graphs/<graph id>/ and return the manifest.
     extract: run the pending graph through the Neuron runtime in extraction mode (given the sync to call) and
     return the module directories the runtime wrote; without it the graph is dropped unexecuted."""
-    from neurontrain.compile.store import write_file_atomic
-
-    backend.device  # runtime start-up is paid by run and precompile alike; it is not part of discovery
+    _ = backend.device  # runtime start-up is paid by run and precompile alike; it is not part of discovery
     start = time.perf_counter()
     tracer = _Tracer(plan, backend)
-    manifest = Manifest(plan.recipe.name, run_plan_id(plan, backend.name), backend.name,
-                        versions={k: v for k, v in package_versions().items() if k in ("torch", "torch-xla",
-                                                                                       "torch-neuronx", "neuronx-cc")})
+    manifest = Manifest(
+        plan.recipe.name,
+        run_plan_id(plan, backend.name),
+        backend.name,
+        versions={
+            k: v for k, v in package_versions().items() if k in ("torch", "torch-xla", "torch-neuronx", "neuronx-cc")
+        },
+    )
     for key in plan.expected_graphs():
         t0 = time.perf_counter()
         tensors, shapes = tracer.trace(key)

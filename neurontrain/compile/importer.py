@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from neurontrain.compile.s3 import S3Store
 from neurontrain.errors import UsageError
 
 _MODULE_FILE = re.compile(r"^(?:.*/)?(neuronxcc-[^/]+/MODULE_[^/]+)/([^/]+)$")
@@ -46,8 +47,9 @@ def _modules_local(src: Path) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for d in sorted(src.glob("neuronxcc-*/MODULE_*")):
         if d.is_dir():
-            out[f"{d.parent.name}/{d.name}"] = {p.name: p.stat().st_size for p in d.iterdir()
-                                                if p.is_file() and not p.name.endswith(".lock")}
+            out[f"{d.parent.name}/{d.name}"] = {
+                p.name: p.stat().st_size for p in d.iterdir() if p.is_file() and not p.name.endswith(".lock")
+            }
     return out
 
 
@@ -55,7 +57,7 @@ def _modules_s3(client, bucket: str, prefix: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            match = _MODULE_FILE.match(obj["Key"][len(prefix):])
+            match = _MODULE_FILE.match(obj["Key"][len(prefix) :])
             if match and not match.group(2).endswith(".lock"):
                 out.setdefault(match.group(1), {})[match.group(2)] = obj["Size"]
     return out
@@ -64,14 +66,14 @@ def _modules_s3(client, bucket: str, prefix: str) -> dict[str, dict[str, int]]:
 def import_runtime_cache(src: str, root: Path) -> dict:
     """Copy every complete module of SRC missing from `root`; report imported / present / refused."""
     if src.startswith("s3://"):
-        from neurontrain.compile.s3 import S3Store
-
         store = S3Store(src)
         store.check()
         modules = _modules_s3(store.client, store.bucket, store.prefix)
 
         def fetcher(module: str) -> Callable[[str, Path], None]:
-            return lambda name, dest: store.client.download_file(store.bucket, f"{store.prefix}{module}/{name}", str(dest))
+            return lambda name, dest: store.client.download_file(
+                store.bucket, f"{store.prefix}{module}/{name}", str(dest)
+            )
     else:
         base = Path(src)
         if not base.is_dir():
@@ -80,6 +82,7 @@ def import_runtime_cache(src: str, root: Path) -> dict:
 
         def fetcher(module: str) -> Callable[[str, Path], None]:
             return lambda name, dest: shutil.copyfile(base / module / name, dest)
+
     report: dict = {"source": src, "modules_found": len(modules), "imported": 0, "already_present": 0, "refused": []}
     for module, files in sorted(modules.items()):
         problem = _complete(files)

@@ -11,16 +11,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from neurontrain.errors import UsageError
+from neurontrain.fileio import write_json_atomic
 
 MANIFEST_VERSION = 1
 
 
 @dataclass(frozen=True)
 class GraphRecord:
-    key: list            # ["train", 64], ["eval", 128], ["setup"], ["optimizer"], ["train-micro", 64]
-    shapes: dict         # input shapes of the step, e.g. {"input_ids": [16, 64]}
-    graph_id: str        # SHA-256 (32 hex) of the HLO text, see compile/graphs.py
-    hlo_file: str        # relative to the cache root: graphs/<graph_id>/model.hlo_module.pb
+    key: list  # ["train", 64], ["eval", 128], ["setup"], ["optimizer"], ["train-micro", 64]
+    shapes: dict  # input shapes of the step, e.g. {"input_ids": [16, 64]}
+    graph_id: str  # SHA-256 (32 hex) of the HLO text, see compile/graphs.py
+    hlo_file: str  # relative to the cache root: graphs/<graph_id>/model.hlo_module.pb
     hlo_bytes: int
     trace_seconds: float
     # the Neuron runtime's module directories for this graph ("neuronxcc-<v>/MODULE_<key>+<flags>"), as the
@@ -48,16 +49,28 @@ class Manifest:
         return sorted({m for g in self.graphs for m in g.modules})
 
     def to_json(self) -> dict:
-        return {"version": MANIFEST_VERSION, "recipe": self.recipe, "plan_id": self.plan_id, "backend": self.backend,
-                "discovery_seconds": self.discovery_seconds, "versions": self.versions,
-                "graphs": [asdict(g) for g in self.graphs]}
+        return {
+            "version": MANIFEST_VERSION,
+            "recipe": self.recipe,
+            "plan_id": self.plan_id,
+            "backend": self.backend,
+            "discovery_seconds": self.discovery_seconds,
+            "versions": self.versions,
+            "graphs": [asdict(g) for g in self.graphs],
+        }
 
     @classmethod
-    def from_json(cls, data: dict) -> "Manifest":
+    def from_json(cls, data: dict) -> Manifest:
         if data.get("version") != MANIFEST_VERSION:
             raise UsageError(f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}")
-        return cls(data["recipe"], data["plan_id"], data["backend"], [GraphRecord(**g) for g in data["graphs"]],
-                   data.get("discovery_seconds", 0.0), data.get("versions", {}))
+        return cls(
+            data["recipe"],
+            data["plan_id"],
+            data["backend"],
+            [GraphRecord(**g) for g in data["graphs"]],
+            data.get("discovery_seconds", 0.0),
+            data.get("versions", {}),
+        )
 
 
 def plan_id(recipe_fingerprint: str, backend: str, max_steps: int, graph_keys: list[tuple]) -> str:
@@ -70,12 +83,6 @@ def manifest_path(cache_root: Path, recipe_name: str, plan: str) -> Path:
     return cache_root / "manifests" / f"{recipe_name}-{plan}.json"
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    from neurontrain.compile.store import write_file_atomic
-
-    write_file_atomic(path, json.dumps(data, indent=2).encode())
-
-
 def save_manifest(path: Path, manifest: Manifest) -> None:
     write_json_atomic(path, manifest.to_json())
 
@@ -86,4 +93,6 @@ def load_manifest(path: Path) -> Manifest | None:
     try:
         return Manifest.from_json(json.loads(path.read_text()))
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise UsageError(f"manifest {path} is unreadable ({type(exc).__name__}); delete it and run precompile") from None
+        raise UsageError(
+            f"manifest {path} is unreadable ({type(exc).__name__}); delete it and run precompile"
+        ) from None

@@ -7,19 +7,29 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from neurontrain.backend import neuron_runtime_present
-from neurontrain.compile.runtime_cache import (EXTRACT_ENV, CacheLocation, runtime_cache_location,
-                                               runtime_environment, scan_modules, with_cache_dir)
+from neurontrain.compile.runtime_cache import (
+    EXTRACT_ENV,
+    CacheLocation,
+    runtime_cache_location,
+    runtime_environment,
+    scan_modules,
+    with_cache_dir,
+)
 from neurontrain.errors import UsageError
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
 
 
-def prepare_runtime(toolkit_local: Path, compiler_flags: list[str], neuron_target: str = "auto") -> CacheLocation | None:
+def prepare_runtime(
+    toolkit_local: Path, compiler_flags: list[str], neuron_target: str = "auto"
+) -> CacheLocation | None:
     """Export the cache location and compiler flags to the runtime before the first compile (None when no
     Neuron runtime is installed). The user's NEURON_CC_FLAGS / NEURON_COMPILE_CACHE_URL keep precedence."""
     if not neuron_runtime_present():
@@ -92,9 +102,11 @@ class Extractor:
 
 def check_precompile_location(location: CacheLocation | None) -> None:
     if location is not None and not location.is_local:
-        raise UsageError(f"the Neuron runtime's cache is {location.root} ({location.source}): precompile fills a "
-                         "local runtime cache; unset it and use --cache s3://... (pulled and pushed by the toolkit), "
-                         "or `neurontrain cache import` to bring an existing one in")
+        raise UsageError(
+            f"the Neuron runtime's cache is {location.root} ({location.source}): precompile fills a "
+            "local runtime cache; unset it and use --cache s3://... (pulled and pushed by the toolkit), "
+            "or `neurontrain cache import` to bring an existing one in"
+        )
 
 
 def describe_location(location: CacheLocation | None) -> str:
@@ -104,4 +116,4 @@ def describe_location(location: CacheLocation | None) -> str:
 
 
 def say(message: str) -> None:
-    print(f"neurontrain: {message}", file=sys.stderr)
+    log.info(message)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 RUNTIME_DEFAULT_CACHE = "/var/tmp/neuron-compile-cache"
 EXTRACT_ENV = "NEURON_EXTRACT_GRAPHS_ONLY"
@@ -62,8 +62,8 @@ def with_cache_dir(neuron_cc_flags: str, directory: str) -> str:
 
 @dataclass(frozen=True)
 class CacheLocation:
-    root: str          # a local directory, or s3://bucket/prefix the runtime reads itself
-    source: str        # which setting decided it
+    root: str  # a local directory, or s3://bucket/prefix the runtime reads itself
+    source: str  # which setting decided it
 
     @property
     def is_local(self) -> bool:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neurontrain.compile.runtime_cache import scan_modules
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
 
 PR_SET_PDEATHSIG = 1
 
@@ -28,7 +31,7 @@ PR_SET_PDEATHSIG = 1
 @dataclass
 class ModuleResult:
     module: str
-    status: str          # cached | compiled | failed | missing
+    status: str  # cached | compiled | failed | missing
     seconds: float = 0.0
     error: str = ""
 
@@ -47,8 +50,9 @@ def _results(work_dir: Path, root: Path) -> dict[str, float]:
     return out
 
 
-def compile_modules(root: Path, modules: list[str], workers: int | None = None,
-                    timeout_seconds: float = 6 * 3600) -> list[ModuleResult]:
+def compile_modules(
+    root: Path, modules: list[str], workers: int | None = None, timeout_seconds: float = 6 * 3600
+) -> list[ModuleResult]:
     """Compile every extracted module of the runtime cache at `root` that lacks a NEFF; report `modules`."""
     before = scan_modules(root)
     results = {m: ModuleResult(m, "cached") for m in modules if before.get(m) == "compiled"}
@@ -62,15 +66,24 @@ def compile_modules(root: Path, modules: list[str], workers: int | None = None,
                 continue
             state = after.get(m, "missing")
             status = {"compiled": "compiled", "failed": "failed"}.get(state, "missing")
-            error = {"failed": "the compiler failed (see model.log in the module directory)",
-                     "missing": f"not compiled (module {state}; the runtime's compile phase exited {rc})"}.get(status, "")
+            error = {
+                "failed": "the compiler failed (see model.log in the module directory)",
+                "missing": f"not compiled (module {state}; the runtime's compile phase exited {rc})",
+            }.get(status, "")
             results[m] = ModuleResult(m, status, seconds.get(m, 0.0), error)
     return [results[m] for m in modules]
 
 
 def _run_child(root: Path, work: Path, workers: int | None, timeout_seconds: float) -> int:
-    cmd = [sys.executable, "-m", "neurontrain.compile.runtime_compile", str(os.getpid()), str(root), str(work),
-           str(workers or 0)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "neurontrain.compile.runtime_compile",
+        str(os.getpid()),
+        str(root),
+        str(work),
+        str(workers or 0),
+    ]
     env = {**os.environ, "NEURON_PARALLEL_COMPILE_DUMP_RESULTS": "1"}
     proc = subprocess.Popen(cmd, cwd=work, env=env, start_new_session=True, stdout=sys.stderr)
     try:
@@ -90,6 +103,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _parallel_compile():
+    # lazy: the Neuron runtime is an optional dependency, present only on Neuron hosts
     try:
         from libneuronxla.neuron_parallel_compile import parallel_compile
     except ImportError:
@@ -100,12 +114,11 @@ def _parallel_compile():
 def main(argv: list[str]) -> int:
     parent, root, work, workers = int(argv[0]), argv[1], argv[2], int(argv[3])
     _die_with_parent(parent)
-    from libneuronxla.neuron_cc_cache import CacheUrl
+    from libneuronxla.neuron_cc_cache import CacheUrl  # lazy: optional Neuron runtime
 
     start = time.perf_counter()
     failed = _parallel_compile()(work, CacheUrl.get_cache_url(cache_dir=root), num_parallel=workers or None)
-    print(f"neurontrain: the runtime's parallel compile: {failed} failed, {time.perf_counter() - start:.1f} s",
-          file=sys.stderr)
+    log.info(f"the runtime's parallel compile: {failed} failed, {time.perf_counter() - start:.1f} s")
     return 0
 
 

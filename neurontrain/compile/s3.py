@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from neurontrain.compile.store import (LocalEntry, install_entry, local_entries, run_parallel, valid_entry_path)
+from neurontrain.compile.store import LocalEntry, install_entry, local_entries, run_parallel, valid_entry_path
 from neurontrain.errors import NeurontrainError, UsageError
 
 ENTRY_FILE = "ENTRY.json"
@@ -38,8 +38,13 @@ class TransferReport:
     refused: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"entries": self.entries, "objects": self.objects, "bytes": self.bytes, "skipped": self.skipped,
-                "refused": self.refused}
+        return {
+            "entries": self.entries,
+            "objects": self.objects,
+            "bytes": self.bytes,
+            "skipped": self.skipped,
+            "refused": self.refused,
+        }
 
 
 class S3Store:
@@ -56,21 +61,30 @@ class S3Store:
             import boto3
             from botocore.config import Config
 
-            self._client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-                                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
-                                                      max_pool_connections=max(10, self.workers * 2)))
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+                config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=max(10, self.workers * 2)
+                ),
+            )
         return self._client
 
     def check(self) -> None:
         """One-line errors for a missing bucket, missing credentials or an unreachable endpoint."""
-        from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError,
-                                         PartialCredentialsError)
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
 
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except (NoCredentialsError, PartialCredentialsError):
-            raise UsageError(f"no AWS credentials for {self.url} (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-                             "or a profile)") from None
+            raise UsageError(
+                f"no AWS credentials for {self.url} (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile)"
+            ) from None
         except EndpointConnectionError as exc:
             raise UsageError(f"cannot reach the S3 endpoint for {self.url}: {exc}") from None
         except ClientError as exc:
@@ -94,7 +108,7 @@ class S3Store:
         start = self._key("entries") + "/"
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
             for obj in page.get("Contents", []):
-                key = obj["Key"][len(start):]
+                key = obj["Key"][len(start) :]
                 if key.endswith("/" + ENTRY_FILE):
                     path = key[: -len(ENTRY_FILE) - 1]
                     if valid_entry_path(path):
@@ -106,7 +120,7 @@ class S3Store:
         start = self._key("blobs") + "/"
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
             for obj in page.get("Contents", []):
-                out[obj["Key"][len(start):]] = obj["LastModified"].timestamp()
+                out[obj["Key"][len(start) :]] = obj["LastModified"].timestamp()
         return out
 
     def get_record(self, path: str) -> dict:
@@ -130,13 +144,21 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key("entries", record["path"], ENTRY_FILE),
-                                   Body=json.dumps(record).encode(), IfNoneMatch="*",
-                                   ContentType="application/json")
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key("entries", record["path"], ENTRY_FILE),
+                Body=json.dumps(record).encode(),
+                IfNoneMatch="*",
+                ContentType="application/json",
+            )
             return True
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
-                                                             "412", "409"):
+            if exc.response.get("Error", {}).get("Code") in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+                "412",
+                "409",
+            ):
                 return False
             raise
 
@@ -207,8 +229,9 @@ class S3Store:
                 try:
                     self._download_verified(meta["sha256"], meta["size"], Path(tmp)).unlink()
                 except ValueError as exc:
-                    problems.append({"entry": path, "file": name, "object": self._blob_key(meta["sha256"]),
-                                     "problem": str(exc)})
+                    problems.append(
+                        {"entry": path, "file": name, "object": self._blob_key(meta["sha256"]), "problem": str(exc)}
+                    )
         return problems
 
     def verify(self) -> list[dict]:
@@ -223,8 +246,7 @@ class S3Store:
         root.mkdir(parents=True, exist_ok=True)
         have = local_entries(root)
         remote = self.list_entries()
-        todo = [p for p in sorted(remote) if p not in have and (only is None or p in only)
-                and not (root / p).exists()]
+        todo = [p for p in sorted(remote) if p not in have and (only is None or p in only) and not (root / p).exists()]
         report.skipped = len(remote) - len(todo)
 
         def fetch(path: str) -> tuple[int, int, int, dict | None]:
@@ -235,8 +257,17 @@ class S3Store:
                     try:
                         files[name] = self._download_verified(meta["sha256"], meta["size"], root)
                     except ValueError as exc:
-                        return 0, 0, 0, {"entry": path, "file": name, "object": self._blob_key(meta["sha256"]),
-                                         "problem": str(exc)}
+                        return (
+                            0,
+                            0,
+                            0,
+                            {
+                                "entry": path,
+                                "file": name,
+                                "object": self._blob_key(meta["sha256"]),
+                                "problem": str(exc),
+                            },
+                        )
                 size = sum(p.stat().st_size for p in files.values())
                 count = len(files)
                 installed = install_entry(root, path, record.get("is_file", False), files, record)

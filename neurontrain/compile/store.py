@@ -17,29 +17,16 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import uuid
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
+from tqdm import tqdm
+
+from neurontrain.compile.graphs import graph_id
 from neurontrain.errors import UsageError
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 ENTRY_RECORD = ".neurontrain-entry.json"  # kept in pulled entry directories, so a local verify can check them
 _MODULE_DIR = re.compile(r"^neuronxcc-[^/]+/MODULE_[^/]+$")
@@ -55,19 +42,25 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class LocalEntry:
-    path: str           # relative to the cache root, '/'-separated
-    location: Path      # the directory (or the file, for a one-file entry)
+    path: str  # relative to the cache root, '/'-separated
+    location: Path  # the directory (or the file, for a one-file entry)
     is_file: bool
 
     def files(self) -> dict[str, Path]:
         if self.is_file:
             return {self.location.name: self.location}
-        return {p.name: p for p in sorted(self.location.iterdir())
-                if p.is_file() and p.name != ENTRY_RECORD and not p.name.endswith(".lock") and not p.name.startswith(".")}
+        return {
+            p.name: p
+            for p in sorted(self.location.iterdir())
+            if p.is_file() and p.name != ENTRY_RECORD and not p.name.endswith(".lock") and not p.name.startswith(".")
+        }
 
     def record(self) -> dict:
-        return {"path": self.path, "is_file": self.is_file,
-                "files": {name: {"sha256": sha256_file(p), "size": p.stat().st_size} for name, p in self.files().items()}}
+        return {
+            "path": self.path,
+            "is_file": self.is_file,
+            "files": {name: {"sha256": sha256_file(p), "size": p.stat().st_size} for name, p in self.files().items()},
+        }
 
     def mtime(self) -> float:
         return self.location.stat().st_mtime
@@ -95,8 +88,12 @@ def local_entries(root: Path) -> dict[str, LocalEntry]:
 
 def valid_entry_path(path: str) -> bool:
     parts = path.split("/")
-    return (len(parts) == 2 and all(p and p not in (".", "..") and not p.startswith(".") for p in parts)
-            and parts[0] in ("graphs", "manifests", "xla") or bool(_MODULE_DIR.match(path)))
+    return (
+        len(parts) == 2
+        and all(p and p not in (".", "..") and not p.startswith(".") for p in parts)
+        and parts[0] in ("graphs", "manifests", "xla")
+        or bool(_MODULE_DIR.match(path))
+    )
 
 
 def install_entry(root: Path, path: str, is_file: bool, files: dict[str, Path], record: dict) -> bool:
@@ -106,7 +103,7 @@ def install_entry(root: Path, path: str, is_file: bool, files: dict[str, Path], 
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     if is_file:
-        (name, src), = files.items()
+        ((name, src),) = files.items()
         os.replace(src, final)
         return True
     staging = root / f".pull-{uuid.uuid4().hex}"
@@ -134,8 +131,6 @@ def remove_entry(entry: LocalEntry, root: Path) -> None:
 def verify_local(root: Path) -> list[dict]:
     """Problems of a local cache: pulled entries whose files differ from their record, recorded graphs whose
     HLO does not hash to their id, Neuron modules marked done with an empty NEFF."""
-    from neurontrain.compile.graphs import graph_id
-
     problems = []
     for path, entry in local_entries(root).items():
         if entry.is_file:
@@ -148,13 +143,20 @@ def verify_local(root: Path) -> list[dict]:
                 if not p.is_file():
                     problems.append({"entry": path, "file": name, "problem": "missing"})
                 elif p.stat().st_size != want["size"]:
-                    problems.append({"entry": path, "file": name,
-                                     "problem": f"truncated or extended ({p.stat().st_size} of {want['size']} bytes)"})
+                    problems.append(
+                        {
+                            "entry": path,
+                            "file": name,
+                            "problem": f"truncated or extended ({p.stat().st_size} of {want['size']} bytes)",
+                        }
+                    )
                 elif sha256_file(p) != want["sha256"]:
                     problems.append({"entry": path, "file": name, "problem": "altered (sha256 mismatch)"})
         if path.startswith("graphs/") and (entry.location / "model.hlo.txt").is_file():
             if graph_id((entry.location / "model.hlo.txt").read_text()) != entry.location.name:
-                problems.append({"entry": path, "file": "model.hlo.txt", "problem": "HLO does not hash to its graph id"})
+                problems.append(
+                    {"entry": path, "file": "model.hlo.txt", "problem": "HLO does not hash to its graph id"}
+                )
         if "/MODULE_" in path and (entry.location / "model.neff").stat().st_size == 0:
             problems.append({"entry": path, "file": "model.neff", "problem": "empty NEFF marked done"})
     return problems
@@ -170,17 +172,16 @@ def parse_duration(text: str) -> float:
 
 def run_parallel(fn: Callable, items: Iterable, workers: int, desc: str, unit: str = "obj") -> list:
     """Map fn over items with `workers` threads and a progress bar; results in input order."""
-    from tqdm import tqdm
-
     items = list(items)
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
-            tqdm(total=len(items), desc=desc, unit=unit, disable=None, file=sys.stderr) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
+        tqdm(total=len(items), desc=desc, unit=unit, disable=None, file=sys.stderr) as bar,
+    ):
         futures = [pool.submit(fn, item) for item in items]
         results = []
         for fut in futures:
             results.append(fut.result())
             bar.update(1)
     return results
-

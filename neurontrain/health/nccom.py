@@ -18,14 +18,15 @@ STEP_FACTOR = 4
 
 @dataclass(frozen=True)
 class NccomMode:
-    kind: str                                  # "single", "mpi", "slurm" or "skip" (not node 0)
+    kind: str  # "single", "mpi", "slurm" or "skip" (not node 0)
     hosts: list[str] = field(default_factory=list)
-    root_comm_id: str | None = None            # MPI mode: first host's IP:port
+    root_comm_id: str | None = None  # MPI mode: first host's IP:port
     slurm_job: str | None = None
 
 
-def nccom_mode(nnodes: int, node_rank: int, hosts: list[str] | None, master_addr: str,
-               slurm_job: str | None) -> NccomMode:
+def nccom_mode(
+    nnodes: int, node_rank: int, hosts: list[str] | None, master_addr: str, slurm_job: str | None
+) -> NccomMode:
     """How this node runs nccom-test; a multi-node run without a way to reach the other nodes is bad input."""
     if nnodes == 1:
         return NccomMode("single")
@@ -39,22 +40,36 @@ def nccom_mode(nnodes: int, node_rank: int, hosts: list[str] | None, master_addr
         return NccomMode("mpi", list(hosts))
     if slurm_job:
         return NccomMode("slurm", slurm_job=slurm_job)
-    raise UsageError(f"nccom-test across {nnodes} nodes runs once, from node 0, through MPI or Slurm: pass --hosts "
-                     "NODE0,NODE1,... or run inside a Slurm allocation (SLURM_JOB_ID)")
+    raise UsageError(
+        f"nccom-test across {nnodes} nodes runs once, from node 0, through MPI or Slurm: pass --hosts "
+        "NODE0,NODE1,... or run inside a Slurm allocation (SLURM_JOB_ID)"
+    )
 
 
 def with_root_comm(mode: NccomMode, first_host_ip: str, port: int) -> NccomMode:
     return NccomMode(mode.kind, mode.hosts, f"{first_host_ip}:{port}", mode.slurm_job)
 
 
-def nccom_command(op: str, ranks: int, nnodes: int, sizes: list[int], iters: int,
-                  mode: NccomMode) -> tuple[list[str], dict[str, str]]:
+def nccom_command(
+    op: str, ranks: int, nnodes: int, sizes: list[int], iters: int, mode: NccomMode
+) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) for one collective; `--check` last (newer releases take an optional value)."""
     cmd = ["nccom-test", "-r", str(ranks)]
     if nnodes > 1:
         cmd += ["-N", str(nnodes)]
-    cmd += ["-b", str(min(sizes)), "-e", str(max(sizes)), "-f", str(STEP_FACTOR), "-d", "fp32", "-n", str(iters),
-            NCCOM_OP[op]]
+    cmd += [
+        "-b",
+        str(min(sizes)),
+        "-e",
+        str(max(sizes)),
+        "-f",
+        str(STEP_FACTOR),
+        "-d",
+        "fp32",
+        "-n",
+        str(iters),
+        NCCOM_OP[op],
+    ]
     env: dict[str, str] = {}
     if mode.kind == "mpi":
         cmd += ["--hosts", *mode.hosts]

@@ -31,8 +31,10 @@ _ERRORS = re.compile(r"(\d+)\s+errors? found - test failed")
 # Lines that report a failure: nccom-test's own forms (a size that could not run, the error count, the driver
 # check), a runtime or collectives log line at level ERROR/FATAL, a Python traceback or a usage error. Any other
 # line (runtime WARN/INFO lines, banners, progress) is kept as a note and fails nothing.
-_FAILURE = re.compile(r"Failure running|errors? found|test failed|Driver is not running|Traceback \(most recent"
-                      r"|^\s*(\S+: )?error:|(^|\s)(ERROR|FATAL)(\s|$)")
+_FAILURE = re.compile(
+    r"Failure running|errors? found|test failed|Driver is not running|Traceback \(most recent"
+    r"|^\s*(\S+: )?error:|(^|\s)(ERROR|FATAL)(\s|$)"
+)
 _SIZE_FIRST = re.compile(r"^\s*\d+\s+\S")
 
 
@@ -48,12 +50,20 @@ def parse_nccom_test(text: str, expected_sizes: list[int] | None = None) -> dict
         m = _ROW.match(line)
         if m:
             size, count, dtype, time_us, algbw, busbw = m.groups()
-            rows.append({"size_bytes": int(size), "count": int(count), "dtype": dtype, "time_us": float(time_us),
-                         "algbw_gibps": float(algbw), "busbw_gibps": float(busbw)})
-        elif (m := _AVG.search(line)):
+            rows.append(
+                {
+                    "size_bytes": int(size),
+                    "count": int(count),
+                    "dtype": dtype,
+                    "time_us": float(time_us),
+                    "algbw_gibps": float(algbw),
+                    "busbw_gibps": float(busbw),
+                }
+            )
+        elif m := _AVG.search(line):
             avg = float(m.group(1))
         elif _FAILURE.search(line) or _SIZE_FIRST.match(line):  # also a size row cut short
-            if (m := _ERRORS.search(line)):
+            if m := _ERRORS.search(line):
                 errors = int(m.group(1))
             failures.append(line.strip())
         else:
@@ -63,8 +73,14 @@ def parse_nccom_test(text: str, expected_sizes: list[int] | None = None) -> dict
         failures.append(f"no result for size(s) {', '.join(map(str, missing))}")
     if not rows and not failures:
         failures.append("no results")
-    return {"rows": rows, "avg_busbw_gibps": avg, "errors": errors or len(failures), "failures": failures,
-            "notes": notes, "ok": bool(rows) and not failures}
+    return {
+        "rows": rows,
+        "avg_busbw_gibps": avg,
+        "errors": errors or len(failures),
+        "failures": failures,
+        "notes": notes,
+        "ok": bool(rows) and not failures,
+    }
 
 
 def parse_neuron_ls(text: str) -> dict:
@@ -76,8 +92,15 @@ def parse_neuron_ls(text: str) -> dict:
     if not isinstance(devices, list):
         raise ValueError("neuron-ls JSON output is not a list of devices")
     cores = sum(int(d.get("nc_count", 0)) for d in devices if isinstance(d, dict))
-    busy = sorted({p.get("pid") for d in devices if isinstance(d, dict) for p in d.get("neuron_processes") or []
-                   if isinstance(p, dict) and p.get("pid") is not None})
+    busy = sorted(
+        {
+            p.get("pid")
+            for d in devices
+            if isinstance(d, dict)
+            for p in d.get("neuron_processes") or []
+            if isinstance(p, dict) and p.get("pid") is not None
+        }
+    )
     return {"devices": len(devices), "cores": cores, "busy_pids": busy}
 
 
@@ -102,7 +125,7 @@ def read_ecc(root: Path = Path("/sys/devices/virtual/neuron_device")) -> dict[st
     return out
 
 
-def verdict(ranks: dict[int, dict | None], expected: "range | list[int]") -> list[dict]:
+def verdict(ranks: dict[int, dict | None], expected: range | list[int]) -> list[dict]:
     """Name the bad ranks from per-rank reports.
 
     A rank is bad when it returned wrong data, died (process gone before finishing), hung (its heartbeat
@@ -118,13 +141,25 @@ def verdict(ranks: dict[int, dict | None], expected: "range | list[int]") -> lis
         host, check = r.get("host", "?"), (r.get("current") or {}).get("check") or r.get("last_check", "-")
         wrong = [c for c in r.get("results", []) if c.get("ok") is False and not c.get("error")]
         if wrong:
-            bad.append({"rank": rank, "host": host, "check": wrong[0]["check"],
-                        "problem": wrong[0].get("problem", "wrong result")})
+            bad.append(
+                {
+                    "rank": rank,
+                    "host": host,
+                    "check": wrong[0]["check"],
+                    "problem": wrong[0].get("problem", "wrong result"),
+                }
+            )
         elif r.get("state") == "hung":
             bad.append({"rank": rank, "host": host, "check": check, "problem": "hung (no heartbeat)"})
         elif r.get("state") == "died":
             bad.append({"rank": rank, "host": host, "check": check, "problem": "died"})
         elif r.get("state") in ("failed", "terminated", "interrupted"):
-            victims.append({"rank": rank, "host": host, "check": check,
-                            "problem": r.get("error") or f"{r['state']} while waiting on a peer"})
+            victims.append(
+                {
+                    "rank": rank,
+                    "host": host,
+                    "check": check,
+                    "problem": r.get("error") or f"{r['state']} while waiting on a peer",
+                }
+            )
     return bad or victims

@@ -17,17 +17,32 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from neurontrain.backend import select_backend
+from neurontrain.errors import first_line
+from neurontrain.fileio import write_json_atomic
 from neurontrain.health.parsers import OPS, bandwidths
+from neurontrain.logs import process_rank
 
 
 class Reporter:
     def __init__(self, work_dir: Path, rank: int) -> None:
         self.path = work_dir / f"rank{rank}.json"
-        self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "state": "running",
-                      "started_at": time.time(), "current": None, "results": []}
+        self.state = {
+            "rank": rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "state": "running",
+            "started_at": time.time(),
+            "current": None,
+            "results": [],
+        }
         self.write()
         signal.signal(signal.SIGTERM, self._terminated)
 
@@ -39,9 +54,7 @@ class Reporter:
         os._exit(143)
 
     def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, self.state, indent=None)
 
     def start(self, check: str) -> None:
         self.state["current"] = {"check": check, "started": time.time()}
@@ -55,10 +68,8 @@ class Reporter:
         self.write()
 
 
-def device_checks(backend, expect_devices: int | None, reporter: "Reporter | None" = None) -> list[dict]:
+def device_checks(backend, expect_devices: int | None, reporter: Reporter | None = None) -> list[dict]:
     """Operations with known results on the device, checked against CPU, and the device count."""
-    import torch
-
     results: list[dict] = []
 
     def check(name: str, fn) -> None:
@@ -68,9 +79,13 @@ def device_checks(backend, expect_devices: int | None, reporter: "Reporter | Non
         try:
             ok, problem = fn()
         except Exception as exc:  # a device that cannot run the op is a failed check, named
-            ok, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        result = {"check": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 4),
-                  **({"problem": problem} if not ok else {})}
+            ok, problem = False, f"{type(exc).__name__}: {first_line(exc)}"
+        result = {
+            "check": name,
+            "ok": ok,
+            "seconds": round(time.perf_counter() - t0, 4),
+            **({"problem": problem} if not ok else {}),
+        }
         results.append(result)
         if reporter:
             reporter.finish(result)
@@ -101,6 +116,7 @@ def device_checks(backend, expect_devices: int | None, reporter: "Reporter | Non
     check("device reductions", reductions)
     check("device bf16", bf16)
     if expect_devices is not None:
+
         def count():
             if backend.is_xla:
                 import torch_xla.runtime as xr
@@ -109,77 +125,82 @@ def device_checks(backend, expect_devices: int | None, reporter: "Reporter | Non
             else:
                 found = torch.cuda.device_count() if torch.cuda.is_available() else 1
             return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
+
         check("device count", count)
     return results
 
 
 def expected_pattern(numel: int, rank: int, dtype):
-    import torch
-
     return (torch.arange(numel, dtype=torch.int64) % 7 + 1).to(dtype) * (rank + 1)
 
 
-def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: int) -> bool:
-    import torch
-    import torch.distributed as dist
+def _collective(op: str, numel: int, rank: int, world: int) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """(a call that runs the collective once on this rank's known input, the result it must return)."""
+    x = expected_pattern(numel, rank, torch.float32)
+    reduced = expected_pattern(numel, 0, torch.float32) * (world * (world + 1) // 2)
+    if op == "all_reduce":
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+        def all_reduce() -> torch.Tensor:
+            buf = x.clone()
+            dist.all_reduce(buf)
+            return buf
+
+        return all_reduce, reduced
+    if op == "all_gather":
+        gathered = torch.empty(numel * world)
+        want = torch.cat([expected_pattern(numel, r, torch.float32) for r in range(world)])
+        return lambda: (dist.all_gather_into_tensor(gathered, x), gathered)[1], want
+    scattered = torch.empty(numel // world)
+    return lambda: (dist.reduce_scatter_tensor(scattered, x), scattered)[1], reduced.chunk(world)[rank]
+
+
+def _timed_check(name: str, op: str, nbytes: int, world: int, iters: int, warmup: int) -> dict:
+    run, want = _collective(op, nbytes // 4, dist.get_rank(), world)
+    got = run()
+    ok = torch.equal(got, want)
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    size_bytes = nbytes * world if op == "all_gather" else nbytes
+    algbw, busbw = bandwidths(op, world, size_bytes, seconds)
+    result = {
+        "check": name,
+        "op": op,
+        "size_bytes": size_bytes,
+        "ok": ok,
+        "time_us": round(seconds * 1e6, 1),
+        "algbw_gibps": round(algbw, 4),
+        "busbw_gibps": round(busbw, 4),
+    }
+    if not ok:
+        bad = (got - want).abs()
+        result["problem"] = (
+            f"wrong result: {int((bad > 0).sum())} of {bad.numel()} elements differ (max {bad.max().item():.3g})"
+        )
+    return result
+
+
+def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: int) -> bool:
+    world = dist.get_world_size()
     ok_all = True
-    tri = world * (world + 1) // 2
     for op in OPS:
         for size in sizes:
-            numel = max(world, size // 4 // world * world)
-            nbytes = numel * 4
+            nbytes = max(world, size // 4 // world * world) * 4
             name = f"{op} {nbytes}B"
             reporter.start(name)
-            x = expected_pattern(numel, rank, torch.float32)
-            base = expected_pattern(numel, 0, torch.float32)
             try:
-                if op == "all_reduce":
-                    def run():
-                        buf = x.clone()
-                        dist.all_reduce(buf)
-                        return buf
-                    want = base * tri
-                elif op == "all_gather":
-                    out = torch.empty(numel * world)
-
-                    def run():
-                        dist.all_gather_into_tensor(out, x)
-                        return out
-                    want = torch.cat([expected_pattern(numel, r, torch.float32) for r in range(world)])
-                else:
-                    out = torch.empty(numel // world)
-
-                    def run():
-                        dist.reduce_scatter_tensor(out, x)
-                        return out
-                    want = (base * tri).chunk(world)[rank]
-                got = run()
-                ok = torch.equal(got, want)
-                for _ in range(warmup):
-                    run()
-                times = []
-                for _ in range(iters):
-                    t0 = time.perf_counter()
-                    run()
-                    times.append(time.perf_counter() - t0)
-                seconds = statistics.median(times)
-                size_bytes = nbytes * world if op == "all_gather" else nbytes
-                algbw, busbw = bandwidths(op, world, size_bytes, seconds)
-                result = {"check": name, "op": op, "size_bytes": size_bytes, "ok": ok,
-                          "time_us": round(seconds * 1e6, 1), "algbw_gibps": round(algbw, 4),
-                          "busbw_gibps": round(busbw, 4)}
-                if not ok:
-                    bad = (got - want).abs()
-                    result["problem"] = (f"wrong result: {int((bad > 0).sum())} of {bad.numel()} elements differ "
-                                         f"(max {bad.max().item():.3g})")
+                result = _timed_check(name, op, nbytes, world, iters, warmup)
             except Exception as exc:
                 reporter.state["state"] = "failed"
-                reporter.state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                reporter.state["error"] = f"{type(exc).__name__}: {first_line(exc)}"
                 reporter.finish({"check": name, "op": op, "ok": False, "error": reporter.state["error"]})
                 return False
-            ok_all &= ok
+            ok_all &= result["ok"]
             reporter.finish(result)
     return ok_all
 
@@ -192,8 +213,6 @@ def node_device_check(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--expect-devices", type=int)
     args, _ = parser.parse_known_args(argv)
-    from neurontrain.backend import select_backend
-
     started = time.time()
     results = device_checks(select_backend(args.backend), args.expect_devices)
     for r in results:
@@ -214,17 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-devices", type=int)
     parser.add_argument("--skip-device", action="store_true")
     args = parser.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = process_rank()
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
-    from neurontrain.backend import select_backend
-
     if args.skip_device:
         reporter.state["device"] = "the host CPU, shared by all local workers: checked once by the coordinator"
     else:
         ok &= all(r["ok"] for r in device_checks(select_backend(args.backend), args.expect_devices, reporter))
-    import torch.distributed as dist
-
     reporter.start("rendezvous")
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     reporter.finish({"check": "rendezvous", "ok": True})
