@@ -10,12 +10,17 @@ Tensors are read one at a time (safetensors per tensor, torch files memory-mappe
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from neurontrain.errors import UsageError
+from neurontrain.errors import UsageError, first_line
 
 _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
@@ -35,7 +40,7 @@ def clean_name(name: str) -> str:
         changed = False
         for prefix in _PREFIXES:
             if name.startswith(prefix):
-                name, changed = name[len(prefix):], True
+                name, changed = name[len(prefix) :], True
         name = name.replace("._fsdp_wrapped_module.", ".").replace("._checkpoint_wrapped_module.", ".")
     return name
 
@@ -52,8 +57,6 @@ def _read_config(directory: Path) -> dict | None:
 
 class SafetensorsSource:
     def __init__(self, files: list[Path], config: dict | None, description: str) -> None:
-        from safetensors import safe_open
-
         self.description, self.config = description, config
         self._where: dict[str, tuple[Path, str]] = {}
         self._handles = {}
@@ -61,7 +64,7 @@ class SafetensorsSource:
             try:
                 handle = safe_open(str(f), framework="pt", device="cpu")
             except Exception as exc:  # safetensors raises its own error types for truncated/foreign files
-                raise UsageError(f"{f} is not a readable safetensors file ({str(exc).splitlines()[0][:120]})") from None
+                raise UsageError(f"{f} is not a readable safetensors file ({first_line(exc, 120)})") from None
             self._handles[f] = handle
             for key in handle.keys():
                 self._where[clean_name(key)] = (f, key)
@@ -74,7 +77,7 @@ class SafetensorsSource:
         try:
             return self._handles[f].get_tensor(key)
         except Exception as exc:
-            raise UsageError(f"{f}: cannot read tensor {key} ({str(exc).splitlines()[0][:120]})") from None
+            raise UsageError(f"{f}: cannot read tensor {key} ({first_line(exc, 120)})") from None
 
     def optimizer_state(self) -> None:
         return None
@@ -84,8 +87,9 @@ def load_torch_file(path: Path) -> object:
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as exc:
-        raise UsageError(f"{path} is not a readable torch checkpoint ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+        raise UsageError(
+            f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {first_line(exc, 120)})"
+        ) from None
 
 
 def _unwrap(obj: object, path: Path) -> tuple[dict, dict | None]:
@@ -106,8 +110,9 @@ def _unwrap(obj: object, path: Path) -> tuple[dict, dict | None]:
 
 
 class TorchSource:
-    def __init__(self, files: list[Path], config: dict | None, description: str,
-                 param_order: list[str] | None = None) -> None:
+    def __init__(
+        self, files: list[Path], config: dict | None, description: str, param_order: list[str] | None = None
+    ) -> None:
         self.description, self.config = description, config
         self._tensors: dict[str, torch.Tensor] = {}
         self._optimizer = None
@@ -159,9 +164,6 @@ class DCPSource:
     """torch.distributed.checkpoint directory, read one tensor at a time without a process group."""
 
     def __init__(self, directory: Path, config: dict | None) -> None:
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         self.description, self.config, self.directory = f"DCP {directory}", config, directory
         try:
             metadata = FileSystemReader(str(directory)).read_metadata()
@@ -170,16 +172,12 @@ class DCPSource:
         self._meta = {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         model_keys = [k for k in self._meta if k.startswith("model.")]
         self._prefix = "model." if model_keys and len(model_keys) == len(self._meta) else ""
-        self._names = {clean_name(k[len(self._prefix):]): k for k in self._meta}
+        self._names = {clean_name(k[len(self._prefix) :]): k for k in self._meta}
 
     def keys(self) -> list[str]:
         return list(self._names)
 
     def get(self, name: str) -> torch.Tensor:
-        import warnings
-
-        import torch.distributed.checkpoint as dcp
-
         key = self._names[name]
         meta = self._meta[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
@@ -196,12 +194,16 @@ def open_gpu_checkpoint(path: Path, config_path: Path | None = None) -> TensorSo
     """Any GPU-side checkpoint: a HF directory, a DCP directory, a torch/safetensors file."""
     if not path.exists():
         raise UsageError(f"{path} does not exist")
-    config = _read_config(config_path if config_path and config_path.is_dir() else path if path.is_dir() else path.parent)
+    config = _read_config(
+        config_path if config_path and config_path.is_dir() else path if path.is_dir() else path.parent
+    )
     if config_path and config_path.is_file():
         config = json.loads(config_path.read_text())
     if path.is_dir():
-        index = next((p for p in (path / "model.safetensors.index.json", path / "pytorch_model.bin.index.json")
-                      if p.is_file()), None)
+        index = next(
+            (p for p in (path / "model.safetensors.index.json", path / "pytorch_model.bin.index.json") if p.is_file()),
+            None,
+        )
         if index is not None:
             try:
                 files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
@@ -222,4 +224,3 @@ def open_gpu_checkpoint(path: Path, config_path: Path | None = None) -> TensorSo
     if path.suffix == ".safetensors":
         return SafetensorsSource([path], config, f"safetensors {path}")
     return TorchSource([path], config, f"torch {path}")
-

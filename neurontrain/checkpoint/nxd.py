@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -35,8 +35,10 @@ def rank_file(tp: int, pp: int) -> str:
 
 
 def is_nxd_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (any((path / "model").glob("dp_rank_*_tp_rank_*_pp_rank_*.pt"))
-                              or any(p.is_dir() and _OLD_DIR.match(p.name) for p in path.iterdir()))
+    return path.is_dir() and (
+        any((path / "model").glob("dp_rank_*_tp_rank_*_pp_rank_*.pt"))
+        or any(p.is_dir() and _OLD_DIR.match(p.name) for p in path.iterdir())
+    )
 
 
 def fused_groups(spec: ShardingSpec, names: list[str]) -> dict[str, list[tuple[str, str]]]:
@@ -51,8 +53,13 @@ def fused_groups(spec: ShardingSpec, names: list[str]) -> dict[str, list[tuple[s
     return groups
 
 
-def rank_tensors(spec: ShardingSpec, get: Callable[[str], torch.Tensor], names: list[str], tp: int,
-                 cast: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+def rank_tensors(
+    spec: ShardingSpec,
+    get: Callable[[str], torch.Tensor],
+    names: list[str],
+    tp: int,
+    cast: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """One rank's {neuron name: shard} for the given HF names (all on this rank's stage)."""
     out = {}
     for target, members in fused_groups(spec, names).items():
@@ -73,8 +80,10 @@ class NxdReader:
         spec_path = directory / SPEC_FILE
         if spec is None:
             if not spec_path.is_file():
-                raise UsageError(f"{directory}: no {SPEC_FILE} beside the shards (written by `neurontrain checkpoint "
-                                 "migrate --to neuron`); cannot tell how the tensors were split")
+                raise UsageError(
+                    f"{directory}: no {SPEC_FILE} beside the shards (written by `neurontrain checkpoint "
+                    "migrate --to neuron`); cannot tell how the tensors were split"
+                )
             try:
                 spec = ShardingSpec.from_json(json.loads(spec_path.read_text()))
             except (json.JSONDecodeError, TypeError) as exc:
@@ -84,8 +93,10 @@ class NxdReader:
         found_tp = 1 + max(t for t, _ in self.files)
         found_pp = 1 + max(p for _, p in self.files)
         if (found_tp, found_pp) != (spec.tp, spec.pp) or len(self.files) != spec.tp * spec.pp:
-            raise UsageError(f"{directory}: {len(self.files)} shard files for tp {found_tp} x pp {found_pp}, but the "
-                             f"spec says tp {spec.tp} x pp {spec.pp}")
+            raise UsageError(
+                f"{directory}: {len(self.files)} shard files for tp {found_tp} x pp {found_pp}, but the "
+                f"spec says tp {spec.tp} x pp {spec.pp}"
+            )
         self._stage: int | None = None
         self._open: dict[int, dict] = {}
         config = directory / "config.json"
@@ -159,7 +170,7 @@ class NxdReader:
 
 def _load_rank_file(path: Path) -> dict:
     if (path.parent / (path.name + ".tensors")).is_dir():
-        import torch_xla.utils.serialization as xser
+        import torch_xla.utils.serialization as xser  # lazy: torch_xla only for xser-format shards
 
         try:
             data = xser.load(str(path))

@@ -81,7 +81,7 @@ class ShardingSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "ShardingSpec":
+    def from_json(cls, data: dict) -> ShardingSpec:
         return cls(**data)
 
     @property
@@ -151,13 +151,14 @@ def stage_of(spec: ShardingSpec, name: str) -> int:
 
 # -- heads --------------------------------------------------------------------------------------------------
 
+
 def query_heads_of_rank(spec: ShardingSpec, rank: int) -> list[int]:
     per_rank = spec.num_heads // spec.tp
     if spec.tp <= spec.num_kv_heads:
         return list(range(rank * per_rank, (rank + 1) * per_rank))
-    group = spec.num_heads // spec.num_kv_heads          # query heads per KV head in HF grouping
+    group = spec.num_heads // spec.num_kv_heads  # query heads per KV head in HF grouping
     kv = rank % spec.num_kv_heads
-    copy = rank // spec.num_kv_heads                      # which of the M ranks sharing this KV head
+    copy = rank // spec.num_kv_heads  # which of the M ranks sharing this KV head
     start = kv * group + copy * per_rank
     return list(range(start, start + per_rank))
 
@@ -210,11 +211,13 @@ def _indivisible(tensor: torch.Tensor, dim: int, tp: int):
 def padded_vocab_shard(spec: ShardingSpec, tensor: torch.Tensor, rank: int) -> torch.Tensor:
     """Rank `rank`'s rows of the tensor as if zero-padded to spec.vocab_rows (the padding is never built whole)."""
     if tensor.shape[0] != spec.vocab_size:
-        raise UsageError(f"a vocabulary tensor of shape {tuple(tensor.shape)} does not match the config's "
-                         f"vocab_size {spec.vocab_size}, so it cannot be padded to {spec.vocab_rows} rows")
+        raise UsageError(
+            f"a vocabulary tensor of shape {tuple(tensor.shape)} does not match the config's "
+            f"vocab_size {spec.vocab_size}, so it cannot be padded to {spec.vocab_rows} rows"
+        )
     per_rank = spec.vocab_rows // spec.tp
     start = min(rank * per_rank, spec.vocab_size)
-    real = tensor[start: min((rank + 1) * per_rank, spec.vocab_size)]
+    real = tensor[start : min((rank + 1) * per_rank, spec.vocab_size)]
     if real.shape[0] == per_rank:
         return real
     return torch.cat([real, real.new_zeros((per_rank - real.shape[0], *tensor.shape[1:]))], dim=0)

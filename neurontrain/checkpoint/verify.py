@@ -3,11 +3,16 @@ and optionally the two models' logits on the same sample input."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+import transformers
 
 from neurontrain.checkpoint.formats import TensorSource
+from neurontrain.errors import UsageError
+from neurontrain.loop.planning import make_plan
+from neurontrain.recipe import load_recipe
 
 
 def compare(a: TensorSource, b: TensorSource, atol: float = 0.0) -> dict:
@@ -15,28 +20,43 @@ def compare(a: TensorSource, b: TensorSource, atol: float = 0.0) -> dict:
     rows, worst = [], 0.0
     for name in sorted(keys_a & keys_b):
         ta, tb = a.get(name), b.get(name)
-        row = {"name": name, "shape_a": list(ta.shape), "shape_b": list(tb.shape), "dtype_a": str(ta.dtype).split(".")[-1],
-               "dtype_b": str(tb.dtype).split(".")[-1]}
+        row = {
+            "name": name,
+            "shape_a": list(ta.shape),
+            "shape_b": list(tb.shape),
+            "dtype_a": str(ta.dtype).split(".")[-1],
+            "dtype_b": str(tb.dtype).split(".")[-1],
+        }
         if ta.shape != tb.shape:
             row["status"] = "shape differs"
         else:
             diff = (ta.double() - tb.double()).abs().max().item() if ta.numel() else 0.0
             row["max_abs_diff"] = diff
             worst = max(worst, diff)
-            row["status"] = ("identical" if diff == 0 and ta.dtype == tb.dtype else
-                             "dtype differs" if ta.dtype != tb.dtype and diff <= atol else
-                             "within tolerance" if diff <= atol else "differs")
+            row["status"] = (
+                "identical"
+                if diff == 0 and ta.dtype == tb.dtype
+                else "dtype differs"
+                if ta.dtype != tb.dtype and diff <= atol
+                else "within tolerance"
+                if diff <= atol
+                else "differs"
+            )
         rows.append(row)
     ok_states = {"identical", "within tolerance", "dtype differs"} if atol > 0 else {"identical"}
-    return {"a": a.description, "b": b.description, "tensors": len(rows), "missing_in_b": sorted(keys_a - keys_b),
-            "extra_in_b": sorted(keys_b - keys_a), "max_abs_diff": worst,
-            "differing": [r for r in rows if r["status"] not in ok_states],
-            "equal": not (keys_a ^ keys_b) and all(r["status"] in ok_states for r in rows)}
+    return {
+        "a": a.description,
+        "b": b.description,
+        "tensors": len(rows),
+        "missing_in_b": sorted(keys_a - keys_b),
+        "extra_in_b": sorted(keys_b - keys_a),
+        "max_abs_diff": worst,
+        "differing": [r for r in rows if r["status"] not in ok_states],
+        "equal": not (keys_a ^ keys_b) and all(r["status"] in ok_states for r in rows),
+    }
 
 
 def _model_from_config(config: dict) -> torch.nn.Module:
-    import transformers
-
     cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("transformers_version",)})
     arch = (config.get("architectures") or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
@@ -58,8 +78,9 @@ def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -
         tied = {"lm_head.weight"} if config.get("tie_word_embeddings", True) else set()
         real_missing = [m for m in missing if m not in tied]
         if real_missing or unexpected:
-            raise ValueError(f"{source.description} does not fit the model: missing {real_missing[:3]}, "
-                             f"unexpected {unexpected[:3]}")
+            raise ValueError(
+                f"{source.description} does not fit the model: missing {real_missing[:3]}, unexpected {unexpected[:3]}"
+            )
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         with torch.no_grad():
@@ -69,16 +90,9 @@ def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -
 
 
 def config_for_logits(path: Path, a: TensorSource, b: TensorSource) -> dict:
-    import json
-
-    from neurontrain.errors import UsageError
-
     if path.is_dir():
         path = path / "config.json"
     if path.suffix in (".yaml", ".yml"):
-        from neurontrain.loop.planning import make_plan
-        from neurontrain.recipe import load_recipe
-
         return make_plan(load_recipe(path, []), "eager").config.to_dict()
     if path.is_file():
         return json.loads(path.read_text())
