@@ -6,8 +6,9 @@ import pytest
 from conftest import RECIPES
 from neurontrain.data.collate import Collator
 from neurontrain.data.plan import PlannedBatch
+from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
-from neurontrain.launch.topology import Topology, resolve_grad_accum, torchrun_args, worker_rows
+from neurontrain.launch.topology import Topology, torchrun_args
 
 
 def test_torchrun_args_single_node_is_standalone():

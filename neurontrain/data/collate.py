@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from neurontrain.data.plan import PlannedBatch
-from neurontrain.launch.topology import worker_rows
+from neurontrain.data.sharding import worker_rows
 
 IGNORE_INDEX = -100
 

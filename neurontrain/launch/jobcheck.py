@@ -13,7 +13,7 @@ from neurontrain.errors import UsageError
 def check_job(recipe_path: str, overrides: list[str], world: int, backend: str | None = None):
     """Load the recipe with its overrides and check it for `world` workers; returns the recipe."""
     from neurontrain.backend import resolve_backend_name
-    from neurontrain.launch.topology import resolve_grad_accum
+    from neurontrain.data.sharding import resolve_grad_accum
     from neurontrain.recipe import load_recipe
 
     recipe = load_recipe(recipe_path, list(overrides) + ([f"runtime.backend={backend}"] if backend else []))

@@ -1,4 +1,4 @@
-"""How many workers, where they meet, and what batch each one gets: pure logic, no torch.
+"""How many workers there are and where they meet: pure logic, no torch.
 
 The same `Topology` turns into torchrun's own arguments (`torchrun_args`), for `run` on this node and for the
 SLURM script, so what `neurontrain run --nproc-per-node N` does is what torchrun does with those flags.
@@ -71,24 +71,3 @@ def torchrun_args(topology: Topology) -> list[str]:
     return args + ["--rdzv-backend=static", f"--node-rank={t.node_rank}", f"--master-addr={t.master_addr}",
                    f"--master-port={t.master_port}", f"--rdzv-conf=timeout={t.rdzv_timeout}"]
 
-
-def resolve_grad_accum(batch_size: int, world: int, grad_accum: int, global_batch: int | None) -> int:
-    """Micro-batches per optimizer step. With train.global_batch_size set, it is derived from
-    global = per-worker batch x workers x accumulation, which must divide exactly."""
-    if global_batch is None:
-        return grad_accum
-    per_step = batch_size * world
-    if global_batch % per_step:
-        raise UsageError(f"train.global_batch_size {global_batch} is not divisible by data.batch_size {batch_size} "
-                         f"x {world} worker{'s' if world > 1 else ''} = {per_step}")
-    derived = global_batch // per_step
-    if grad_accum not in (1, derived):
-        raise UsageError(f"train.grad_accum {grad_accum} contradicts train.global_batch_size {global_batch} "
-                         f"(= {batch_size} x {world} workers x {derived}); set only one of them")
-    return derived
-
-
-def worker_rows(indices: tuple[int, ...], rank: int, world: int) -> tuple[int, ...]:
-    """The rows of a global batch that worker `rank` trains on: every world-th sample, so a partial last batch
-    is spread over the workers instead of leaving the last ones empty."""
-    return indices[rank::world]

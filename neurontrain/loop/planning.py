@@ -131,7 +131,7 @@ def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
 
 def with_world(recipe: Recipe, world: int) -> Recipe:
     """The recipe as `world` workers run it: train.grad_accum derived from train.global_batch_size."""
-    from neurontrain.launch.topology import resolve_grad_accum
+    from neurontrain.data.sharding import resolve_grad_accum
 
     t = recipe.train
     accum = resolve_grad_accum(recipe.data.batch_size, world, t.grad_accum, t.global_batch_size)
