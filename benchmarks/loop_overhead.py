@@ -24,8 +24,15 @@ RECIPE = REPO / "recipes" / "tiny-bert-classification.yaml"
 
 
 def overrides(steps: int, log_every: int) -> list[str]:
-    return [f"train.max_steps={steps}", f"train.log_every={log_every}", "data.buckets=[64,128]",
-            "checkpoint.every=0", "checkpoint.save_final=false", "train.eval_at_end=false", "data.eval_samples=0"]
+    return [
+        f"train.max_steps={steps}",
+        f"train.log_every={log_every}",
+        "data.buckets=[64,128]",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+        "train.eval_at_end=false",
+        "data.eval_samples=0",
+    ]
 
 
 def hand_loop(steps: int, log_every: int) -> float:
@@ -51,8 +58,9 @@ def hand_loop(steps: int, log_every: int) -> float:
     model = build_model(recipe, plan.config).to(device)
     optimizer = build_optimizer(recipe, model)
     scheduler = build_scheduler(recipe, optimizer)
-    collate = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, recipe.data.batch_size,
-                       plan.data.pad_id)
+    collate = Collator(
+        plan.data.train_ids, plan.data.train_labels, recipe.task, recipe.data.batch_size, plan.data.pad_id
+    )
     batches = [collate(b) for b in itertools.islice(plan.planner.iterate(0), steps)]
     real_tokens = [b.pop("real_tokens") for b in batches]
     marks: list[tuple[int, float]] = []
@@ -100,16 +108,29 @@ def main() -> None:
         return
     hand, toolkit = [], []
     for _ in range(args.rounds):
-        res = subprocess.run([sys.executable, __file__, "--hand", "--steps", str(args.steps),
-                              "--log-every", str(args.log_every)], cwd=REPO, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, __file__, "--hand", "--steps", str(args.steps), "--log-every", str(args.log_every)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if res.returncode != 0:
             raise SystemExit(res.stderr[-2000:])
         hand.append(json.loads(res.stdout.strip().splitlines()[-1])["tokens_per_second"])
         toolkit.append(toolkit_loop(args.steps, args.log_every))
     ratio = statistics.median(toolkit) / statistics.median(hand)
-    print(json.dumps({"steps": args.steps, "hand_tokens_per_second": [round(x, 1) for x in hand],
-                      "toolkit_tokens_per_second": [round(x, 1) for x in toolkit],
-                      "toolkit_vs_hand_throughput": round(ratio, 4), "overhead": round(1 - ratio, 4)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "hand_tokens_per_second": [round(x, 1) for x in hand],
+                "toolkit_tokens_per_second": [round(x, 1) for x in toolkit],
+                "toolkit_vs_hand_throughput": round(ratio, 4),
+                "overhead": round(1 - ratio, 4),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

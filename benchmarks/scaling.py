@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(recipe: Path, workers: int, steps: int, log_every: int, out: Path) -> dict:
-    sets = [f"train.max_steps={steps}", f"train.log_every={log_every}", "checkpoint.every=0",
-            "checkpoint.save_final=false", "train.eval_at_end=false", "data.buckets=[128]"]
+    sets = [
+        f"train.max_steps={steps}",
+        f"train.log_every={log_every}",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+        "train.eval_at_end=false",
+        "data.buckets=[128]",
+    ]
     cmd = [sys.executable, "-m", "neurontrain", "run", str(recipe), "-o", str(out), "--no-preflight"]
     cmd += [a for s in sets for a in ("--set", s)]
     if workers > 1:
@@ -36,9 +42,13 @@ def run(recipe: Path, workers: int, steps: int, log_every: int, out: Path) -> di
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     intervals = [r["tokens_per_second"] for r in records if "loss" in r and r["step"] > 2 * log_every]
     summary = json.loads((out / "summary.json").read_text())
-    return {"steady_tokens_per_second": statistics.median(intervals),
-            "whole_run_tokens_per_second": summary["tokens_per_second"], "wall_seconds": summary["wall_seconds"],
-            "effective_batch": summary["effective_batch"], "final_loss": summary["final_loss"]}
+    return {
+        "steady_tokens_per_second": statistics.median(intervals),
+        "whole_run_tokens_per_second": summary["tokens_per_second"],
+        "wall_seconds": summary["wall_seconds"],
+        "effective_batch": summary["effective_batch"],
+        "final_loss": summary["final_loss"],
+    }
 
 
 def main() -> None:
@@ -52,15 +62,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate, so machine noise hits both
             for workers in (1, 2):
-                results[workers].append(run(Path(args.recipe), workers, args.steps, args.log_every,
-                                            Path(tmp) / f"w{workers}-{i}"))
+                results[workers].append(
+                    run(Path(args.recipe), workers, args.steps, args.log_every, Path(tmp) / f"w{workers}-{i}")
+                )
     tps = {w: statistics.median(r["steady_tokens_per_second"] for r in rs) for w, rs in results.items()}
-    print(json.dumps({
-        "recipe": Path(args.recipe).name, "steps": args.steps, "cores": os.cpu_count(),
-        "tokens_per_second_1_worker": round(tps[1], 1), "tokens_per_second_2_workers": round(tps[2], 1),
-        "speedup": round(tps[2] / tps[1], 3), "scaling_efficiency": round(tps[2] / (2 * tps[1]), 3),
-        "rounds": {str(w): rs for w, rs in results.items()},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "recipe": Path(args.recipe).name,
+                "steps": args.steps,
+                "cores": os.cpu_count(),
+                "tokens_per_second_1_worker": round(tps[1], 1),
+                "tokens_per_second_2_workers": round(tps[2], 1),
+                "speedup": round(tps[2] / tps[1], 3),
+                "scaling_efficiency": round(tps[2] / (2 * tps[1]), 3),
+                "rounds": {str(w): rs for w, rs in results.items()},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

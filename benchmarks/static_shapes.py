@@ -20,12 +20,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "tiny-bert-classification.yaml"
 # lengths up to 256 tokens, lognormal (median ~30): the shape of real review data
-COMMON = ["--set", "data.max_length=256", "--set", "model.config.max_position_embeddings=256",
-          "--set", "data.train_samples=4000", "--set", "data.batch_size=16", "--set", "data.eval_samples=0",
-          "--set", "checkpoint.every=0", "--set", "checkpoint.save_final=false", "--set", "train.log_every=1000",
-          "--set", "train.schedule.warmup_steps=0",
-          # keeps 1 - lr * weight_decay off fp32 1.0 at the last steps (a graph of its own on XLA; see README)
-          "--set", "train.schedule.min_lr_ratio=0.1"]
+COMMON = [
+    "--set",
+    "data.max_length=256",
+    "--set",
+    "model.config.max_position_embeddings=256",
+    "--set",
+    "data.train_samples=4000",
+    "--set",
+    "data.batch_size=16",
+    "--set",
+    "data.eval_samples=0",
+    "--set",
+    "checkpoint.every=0",
+    "--set",
+    "checkpoint.save_final=false",
+    "--set",
+    "train.log_every=1000",
+    "--set",
+    "train.schedule.warmup_steps=0",
+    # keeps 1 - lr * weight_decay off fp32 1.0 at the last steps (a graph of its own on XLA; see README)
+    "--set",
+    "train.schedule.min_lr_ratio=0.1",
+]
 STRATEGIES = {
     "dynamic": "dynamic",
     "pad_to_max": "max",
@@ -36,8 +53,20 @@ STRATEGIES = {
 
 def run(strategy: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "neurontrain", "run", str(RECIPE), "--output-dir", tmp, *COMMON,
-               "--set", f"train.max_steps={steps}", "--set", f"data.buckets={STRATEGIES[strategy]}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "neurontrain",
+            "run",
+            str(RECIPE),
+            "--output-dir",
+            tmp,
+            *COMMON,
+            "--set",
+            f"train.max_steps={steps}",
+            "--set",
+            f"data.buckets={STRATEGIES[strategy]}",
+        ]
         result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
             raise SystemExit(f"{strategy} failed: {result.stderr[-2000:]}")

@@ -29,8 +29,20 @@ def commands(tmp: str) -> dict[str, list[str]]:
     return {
         "help": ["--help"],
         "slurm": ["submit", "slurm", RECIPE, "--nodes", "2", "-o", f"{tmp}/run", "--job-name", "bench"],
-        "sagemaker": ["submit", "sagemaker", RECIPE, "--role", "arn:aws:iam::123456789012:role/Trainer", "--output",
-                      "s3://my-bucket/jobs", "--region", "us-west-2", "--job-name", "bench", "--dry-run"],
+        "sagemaker": [
+            "submit",
+            "sagemaker",
+            RECIPE,
+            "--role",
+            "arn:aws:iam::123456789012:role/Trainer",
+            "--output",
+            "s3://my-bucket/jobs",
+            "--region",
+            "us-west-2",
+            "--job-name",
+            "bench",
+            "--dry-run",
+        ],
     }
 
 
@@ -44,8 +56,9 @@ def timed(args: list[str]) -> float:
 
 
 def imported(args: list[str]) -> list[str]:
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "neurontrain", *args], cwd=REPO,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "neurontrain", *args], cwd=REPO, capture_output=True, text=True
+    )
     names = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     return sorted(n for n in names if n in HEAVY)
 

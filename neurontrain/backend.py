@@ -9,8 +9,9 @@ import contextlib
 import glob
 import importlib.util
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from neurontrain.errors import UsageError
 
@@ -214,8 +215,10 @@ def check_xla_flags(flags: list[str], library: str | None = None) -> None:
     for flag in flags:
         match = re.fullmatch(r"--(xla_[a-z0-9_]+)(=.*)?", flag)
         if not match:
-            raise UsageError(f"runtime.xla_flags: {flag!r} is not an XLA flag (expected --xla_<name>[=value]; "
-                             "neuronx-cc flags belong in runtime.compiler_flags)")
+            raise UsageError(
+                f"runtime.xla_flags: {flag!r} is not an XLA flag (expected --xla_<name>[=value]; "
+                "neuronx-cc flags belong in runtime.compiler_flags)"
+            )
     library = library or _xla_library()
     if not flags or library is None:
         return
@@ -226,8 +229,9 @@ def check_xla_flags(flags: list[str], library: str | None = None) -> None:
                 raise UsageError(f"runtime.xla_flags: XLA has no flag --{name.decode()} (checked against {library})")
 
 
-def select_backend(requested: str = "auto", compiler_flags: list[str] | None = None,
-                   xla_flags: list[str] | None = None) -> Backend:
+def select_backend(
+    requested: str = "auto", compiler_flags: list[str] | None = None, xla_flags: list[str] | None = None
+) -> Backend:
     """compiler_flags are neuronx-cc flags: the Neuron runtime receives them (compile/neuron_runtime.py), XLA
     never does. xla_flags are checked, then appended to XLA_FLAGS on the XLA backends."""
     name = resolve_backend_name(requested)
@@ -259,8 +263,20 @@ def package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     out = {}
-    for pkg in ("torch", "torch-xla", "transformers", "tokenizers", "safetensors", "datasets", "pydantic",
-                "torch-neuronx", "neuronx-cc", "libneuronxla", "tensorboard", "boto3"):
+    for pkg in (
+        "torch",
+        "torch-xla",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "datasets",
+        "pydantic",
+        "torch-neuronx",
+        "neuronx-cc",
+        "libneuronxla",
+        "tensorboard",
+        "boto3",
+    ):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

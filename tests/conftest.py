@@ -10,11 +10,19 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Run `python -m neurontrain ARGS` in a fresh process (torch-xla state never leaks between tests)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "neurontrain", *args], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "neurontrain", *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_json(path: Path) -> dict:
@@ -45,8 +53,11 @@ def s3_server():
     import urllib.request
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -56,10 +67,15 @@ def s3_server():
         except Exception:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("moto server did not start")
+                raise RuntimeError("moto server did not start") from None
             time.sleep(0.2)
-    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     yield env
     proc.terminate()
     proc.wait(timeout=10)
@@ -91,12 +107,19 @@ def neuron_runtime(tmp_path):
     import secrets
 
     log = tmp_path / "runtime-events.jsonl"
-    env = {"PYTHONPATH": os.pathsep.join([str(STANDIN / "runtime"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "PATH": os.pathsep.join([str(STANDIN), os.environ["PATH"]]),
-           "NEURON_STANDIN_SALT": secrets.token_hex(16), "NEURON_STANDIN_LOG": str(log),
-           "STANDIN_CC_SECONDS": "0.05"}
-    for key in ("NEURON_CC_FLAGS", "NEURON_COMPILE_CACHE_URL", "NEURON_EXTRACT_GRAPHS_ONLY",
-                "NEURON_PLATFORM_TARGET_OVERRIDE"):
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(STANDIN / "runtime"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PATH": os.pathsep.join([str(STANDIN), os.environ["PATH"]]),
+        "NEURON_STANDIN_SALT": secrets.token_hex(16),
+        "NEURON_STANDIN_LOG": str(log),
+        "STANDIN_CC_SECONDS": "0.05",
+    }
+    for key in (
+        "NEURON_CC_FLAGS",
+        "NEURON_COMPILE_CACHE_URL",
+        "NEURON_EXTRACT_GRAPHS_ONLY",
+        "NEURON_PLATFORM_TARGET_OVERRIDE",
+    ):
         env[key] = ""  # never inherited from the machine running the tests
 
     def read_log() -> list[dict]:

@@ -26,8 +26,12 @@ def _bpe_tokenizer(corpus: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=[bos, eos],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=320, special_tokens=[bos, eos], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos)
 
@@ -42,10 +46,17 @@ def _wordpiece_tokenizer(corpus: list[str]):
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=320, special_tokens=specials))
-    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
-                                                   ("[CLS]", tok.token_to_id("[CLS]")))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+    tok.post_processor = processors.BertProcessing(
+        ("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]"))
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def save_standin_model(recipe: Recipe, directory: Path, corpus: list[str]) -> None:
@@ -55,16 +66,30 @@ def save_standin_model(recipe: Recipe, directory: Path, corpus: list[str]) -> No
     torch.manual_seed(0)
     if recipe.task == "causal-lm":
         tokenizer = _bpe_tokenizer(corpus)
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=recipe.data.max_length, tie_word_embeddings=True,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=recipe.data.max_length,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         model = LlamaForCausalLM(config)
     else:
         tokenizer = _wordpiece_tokenizer(corpus)
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=128, max_position_embeddings=recipe.data.max_length,
-                            pad_token_id=tokenizer.pad_token_id)
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=recipe.data.max_length,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         model = BertForPreTraining(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -75,8 +100,9 @@ def standin_records(recipe: Recipe, n: int) -> list[dict]:
     data = recipe.data
     if recipe.task == "causal-lm":
         return [{data.text_field: r["text"]} for r in synthetic.story_text(n, data.seed)]
-    return [{data.text_field: r["content"], data.label_field: r["label"]}
-            for r in synthetic.sentiment_reviews(n, data.seed)]
+    return [
+        {data.text_field: r["content"], data.label_field: r["label"]} for r in synthetic.sentiment_reviews(n, data.seed)
+    ]
 
 
 def write_data_file(records: list[dict], path: Path, source: str) -> None:

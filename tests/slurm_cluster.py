@@ -42,41 +42,87 @@ class SlurmCluster:
     def _write_conf(self, state: Path, spool: Path) -> None:
         multi = len(self.nodes) > 1 or self.host not in self.nodes
         cpus = os.cpu_count() or 1
-        node_lines = [f"NodeName={name} NodeAddr={addr}" + (f" NodeHostname={self.host} Port={_free_port()}"
-                                                            if multi else "")
-                      + f" CPUs={cpus} RealMemory=4000 State=UNKNOWN" for name, addr in self.nodes.items()]
-        self.conf.write_text("\n".join([
-            "ClusterName=neurontrain-test", f"SlurmctldHost={self.host}", "SlurmUser=root",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.env['MUNGE_SOCKET']}", "CredType=cred/munge",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core", "MpiDefault=none", "ReturnToService=2",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-            f"StateSaveLocation={state}", f"SlurmdSpoolDir={spool}/%n",
-            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}", f"SlurmdPidFile={self.root / 'slurmd-%n.pid'}",
-            f"SlurmctldLogFile={self.root / 'slurmctld.log'}", f"SlurmdLogFile={self.root / 'slurmd-%n.log'}",
-            "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none", *node_lines,
-            f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP", ""]))
+        node_lines = [
+            f"NodeName={name} NodeAddr={addr}"
+            + (f" NodeHostname={self.host} Port={_free_port()}" if multi else "")
+            + f" CPUs={cpus} RealMemory=4000 State=UNKNOWN"
+            for name, addr in self.nodes.items()
+        ]
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=neurontrain-test",
+                    f"SlurmctldHost={self.host}",
+                    "SlurmUser=root",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.env['MUNGE_SOCKET']}",
+                    "CredType=cred/munge",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "MpiDefault=none",
+                    "ReturnToService=2",
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
+                    f"StateSaveLocation={state}",
+                    f"SlurmdSpoolDir={spool}/%n",
+                    f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={self.root / 'slurmd-%n.pid'}",
+                    f"SlurmctldLogFile={self.root / 'slurmctld.log'}",
+                    f"SlurmdLogFile={self.root / 'slurmd-%n.log'}",
+                    "JobCompType=jobcomp/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    *node_lines,
+                    f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         state, spool, munge = self.root / "state", self.root / "spool", self.root / "munge"
         for d in (state, spool, munge):
             d.mkdir(parents=True, exist_ok=True)
         key = munge / "munge.key"
         subprocess.run(["mungekey", "-c", "-f", "-k", str(key)], check=True, capture_output=True)
         os.chmod(key, 0o600)
-        self.procs.append(subprocess.Popen(
-            ["munged", "-F", "--force", "-S", self.env["MUNGE_SOCKET"], "--key-file", str(key),
-             "--pid-file", str(munge / "munged.pid"), "--log-file", str(munge / "munged.log"),
-             "--seed-file", str(munge / "munged.seed")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    "munged",
+                    "-F",
+                    "--force",
+                    "-S",
+                    self.env["MUNGE_SOCKET"],
+                    "--key-file",
+                    str(key),
+                    "--pid-file",
+                    str(munge / "munged.pid"),
+                    "--log-file",
+                    str(munge / "munged.log"),
+                    "--seed-file",
+                    str(munge / "munged.seed"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         self._write_conf(state, spool)
         env = {**os.environ, **self.env}
-        self.procs.append(subprocess.Popen(["slurmctld", "-D", "-i"], env=env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(["slurmctld", "-D", "-i"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
         multi = len(self.nodes) > 1 or self.host not in self.nodes
         for name in self.nodes:
-            self.procs.append(subprocess.Popen(["slurmd", "-D", *(["-N", name] if multi else [])], env=env,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    ["slurmd", "-D", *(["-N", name] if multi else [])],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         deadline = time.time() + 60
         while time.time() < deadline:
             out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=env)

@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-
 from checkpoint_models import HEAD_DIM, HEADS, HIDDEN, KV, LAYERS, VOCAB, bert, hf_tensors, llama, rank_file
 from conftest import run_cli
+
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
 from neurontrain.checkpoint.rules import ShardingSpec, kv_heads_of_rank, query_heads_of_rank
 from neurontrain.checkpoint.verify import compare, logits_diff
@@ -66,17 +66,29 @@ def test_each_rank_computes_its_part_of_attention(tmp_path, tp):
         q = (x @ wq.T).view(3, 5, n_q, HEAD_DIM).transpose(1, 2)
         k = (x @ wk.T).view(3, 5, n_kv, HEAD_DIM).transpose(1, 2).repeat_interleave(n_q // n_kv, dim=1)
         v = (x @ wv.T).view(3, 5, n_kv, HEAD_DIM).transpose(1, 2).repeat_interleave(n_q // n_kv, dim=1)
-        out = torch.softmax(q @ k.transpose(-1, -2) / HEAD_DIM ** 0.5, dim=-1) @ v
+        out = torch.softmax(q @ k.transpose(-1, -2) / HEAD_DIM**0.5, dim=-1) @ v
         return out.transpose(1, 2).reshape(3, 5, n_q * HEAD_DIM) @ wo.T
 
     a = "model.layers.1.self_attn"
-    expected = attention(full[f"{a}.q_proj.weight"], full[f"{a}.k_proj.weight"], full[f"{a}.v_proj.weight"],
-                         full[f"{a}.o_proj.weight"], HEADS, KV)
+    expected = attention(
+        full[f"{a}.q_proj.weight"],
+        full[f"{a}.k_proj.weight"],
+        full[f"{a}.v_proj.weight"],
+        full[f"{a}.o_proj.weight"],
+        HEADS,
+        KV,
+    )
     total = torch.zeros_like(expected)
     for r in range(tp):
         s = rank_file(nxd, r, 0)
-        total += attention(s[f"{a}.qkv_proj.weight_q"], s[f"{a}.qkv_proj.weight_k"], s[f"{a}.qkv_proj.weight_v"],
-                           s[f"{a}.o_proj.weight"], HEADS // tp, max(1, KV // tp))
+        total += attention(
+            s[f"{a}.qkv_proj.weight_q"],
+            s[f"{a}.qkv_proj.weight_k"],
+            s[f"{a}.qkv_proj.weight_v"],
+            s[f"{a}.o_proj.weight"],
+            HEADS // tp,
+            max(1, KV // tp),
+        )
     torch.testing.assert_close(total, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -118,12 +130,12 @@ def test_bert_round_trip_and_logits(tmp_path, tp):
 
 
 def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path):
+    import copy
+
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
     from torch.nn.parallel import DistributedDataParallel
-
-    import copy
 
     model, src = llama(tmp_path)
     reference = open_checkpoint(src)
@@ -135,8 +147,9 @@ def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path):
         torch.save({"model": ddp.state_dict(), "epoch": 3}, tmp_path / "ddp.pt")
         assert next(iter(ddp.state_dict())).startswith("module.")
         fsdp = FullyShardedDataParallel(copy.deepcopy(model), device_id=torch.device("cpu"))
-        with FullyShardedDataParallel.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT,
-                                                      FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        with FullyShardedDataParallel.state_dict_type(
+            fsdp, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+        ):
             torch.save(fsdp.state_dict(), tmp_path / "fsdp.pt")
     finally:
         dist.destroy_process_group()
@@ -157,8 +170,9 @@ def test_optimizer_state_round_trips(tmp_path):
         optimizer.step()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "train.pt")
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(tmp_path / "train.pt", nxd, MigrateOptions("neuron", tp=4, pp=2, fuse_qkv=True, with_optimizer=True,
-                                                       config=src))
+    migrate(
+        tmp_path / "train.pt", nxd, MigrateOptions("neuron", tp=4, pp=2, fuse_qkv=True, with_optimizer=True, config=src)
+    )
     shard = torch.load(nxd / "optim" / "dp_rank_00_tp_rank_01_pp_rank_00.pt", weights_only=True)
     fused = shard["model.layers.0.self_attn.qkv_proj.weight_qkv"]
     assert fused["exp_avg"].shape == (2 * HEAD_DIM + 2 * HEAD_DIM, HIDDEN) and float(fused["step"]) == 2.0
@@ -219,10 +233,14 @@ def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsy
         (["migrate", str(src), str(tmp_path / "exists"), "--to", "neuron"], "exists (use --overwrite"),
         (["migrate", str(src), str(tmp_path / "d5"), "--to", "neuron", "--tp", "0"], "--tp must be at least 1"),
         (["verify", str(src), str(tmp_path / "missing")], "does not exist"),
-        (["migrate", str(src), str(tmp_path / "d6"), "--to", "neuron", "--pad-vocab-to-multiple-of", "0"],
-         "--pad-vocab-to-multiple-of must be at least 1"),
-        (["migrate", str(src), str(tmp_path / "d7"), "--to", "gpu", "--pad-vocab-to-multiple-of", "8"],
-         "applies to --to neuron"),
+        (
+            ["migrate", str(src), str(tmp_path / "d6"), "--to", "neuron", "--pad-vocab-to-multiple-of", "0"],
+            "--pad-vocab-to-multiple-of must be at least 1",
+        ),
+        (
+            ["migrate", str(src), str(tmp_path / "d7"), "--to", "gpu", "--pad-vocab-to-multiple-of", "8"],
+            "applies to --to neuron",
+        ),
     ]
     capsys.readouterr()  # drop the set-up's progress bars
     for args, message in cases:
@@ -237,8 +255,7 @@ def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsy
 
 def test_cli_migrate_and_verify(tmp_path):
     _, src = llama(tmp_path)
-    res = run_cli("checkpoint", "migrate", str(src), str(tmp_path / "nxd"), "--to", "neuron", "--tp", "8",
-                  "--fuse-qkv")
+    res = run_cli("checkpoint", "migrate", str(src), str(tmp_path / "nxd"), "--to", "neuron", "--tp", "8", "--fuse-qkv")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1])["files"] == 8
     same = run_cli("checkpoint", "verify", str(src), str(tmp_path / "nxd"), "--logits", str(src))
@@ -273,11 +290,18 @@ def test_older_layout_and_xser_form_are_readable(tmp_path):
     for d in (old, xser):
         shutil.copy(nxd / "checkpoint_spec.json", d)
         shutil.copy(nxd / "config.json", d)
-    script = (f"import torch, pathlib, torch_xla.utils.serialization as xser\n"
-              f"for f in sorted(pathlib.Path({str(nxd / 'model')!r}).iterdir()):\n"
-              f"    xser.save(torch.load(f, weights_only=True), {str(xser / 'model')!r} + '/' + f.name)\n")
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={**os.environ, "PJRT_DEVICE": "CPU"}, timeout=300)
+    script = (
+        f"import torch, pathlib, torch_xla.utils.serialization as xser\n"
+        f"for f in sorted(pathlib.Path({str(nxd / 'model')!r}).iterdir()):\n"
+        f"    xser.save(torch.load(f, weights_only=True), {str(xser / 'model')!r} + '/' + f.name)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PJRT_DEVICE": "CPU"},
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert any(p.name.endswith(".tensors") for p in (xser / "model").iterdir())
     reference = open_checkpoint(src)
@@ -341,4 +365,3 @@ def test_a_failure_mid_migration_leaves_no_destination(tmp_path):
         migrate(nxd, tmp_path / "out", MigrateOptions("gpu", max_shard_bytes=16 << 10))
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
-

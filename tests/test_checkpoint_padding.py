@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from checkpoint_models import HIDDEN, VOCAB, bert, hf_tensors, llama, rank_file
+
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
 from neurontrain.checkpoint.verify import compare, logits_diff
 
@@ -21,8 +21,22 @@ def test_padded_vocabulary_round_trips_through_the_cli(tmp_path, capsys, vocab, 
     _, src = llama(tmp_path, vocab=vocab)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
     capsys.readouterr()
-    assert main(["checkpoint", "migrate", str(src), str(nxd), "--to", "neuron", "--tp", "4",
-                 *(["--fuse-qkv"] if fuse else [])]) == 0
+    assert (
+        main(
+            [
+                "checkpoint",
+                "migrate",
+                str(src),
+                str(nxd),
+                "--to",
+                "neuron",
+                "--tp",
+                "4",
+                *(["--fuse-qkv"] if fuse else []),
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["vocab_padding"]
     assert report["vocab_size"] == vocab and report["padded_vocab_size"] == padded
     assert report["zero_rows"] == padded - vocab and "automatic" in report["reason"]
@@ -55,8 +69,11 @@ def test_padded_vocabulary_with_optimizer_and_pipeline(tmp_path):
     optimizer.step()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "train.pt")
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    result = migrate(tmp_path / "train.pt", nxd, MigrateOptions("neuron", tp=4, pp=2, with_optimizer=True, config=src,
-                                                                pad_vocab_multiple=16))
+    result = migrate(
+        tmp_path / "train.pt",
+        nxd,
+        MigrateOptions("neuron", tp=4, pp=2, with_optimizer=True, config=src, pad_vocab_multiple=16),
+    )
     assert result["vocab_padding"]["padded_vocab_size"] == 32 and "multiple-of 16" in result["vocab_padding"]["reason"]
     last = torch.load(nxd / "optim" / "dp_rank_00_tp_rank_03_pp_rank_00.pt", weights_only=True)
     embed = last["model.embed_tokens.weight"]

@@ -42,11 +42,23 @@ def test_lr_never_exactly_zero_or_jumps():
 # -- vocabulary padding (pure: torch only, no torch-xla) -----------------------------------------------------
 
 
-@pytest.mark.parametrize("vocab, tp, multiple, expected", [
-    (21, 4, None, 24), (50, 4, None, 52), (128, 4, None, 128), (32001, 8, None, 32008), (50257, 8, None, 50264),
-    (50257, 1, None, 50257), (50257, 8, 128, 50304), (21, 4, 6, 24), (21, 4, 8, 24), (24, 4, 8, 24),
-    (25, 4, 8, 32), (0, 4, None, 0),
-])
+@pytest.mark.parametrize(
+    "vocab, tp, multiple, expected",
+    [
+        (21, 4, None, 24),
+        (50, 4, None, 52),
+        (128, 4, None, 128),
+        (32001, 8, None, 32008),
+        (50257, 8, None, 50264),
+        (50257, 1, None, 50257),
+        (50257, 8, 128, 50304),
+        (21, 4, 6, 24),
+        (21, 4, 8, 24),
+        (24, 4, 8, 24),
+        (25, 4, 8, 32),
+        (0, 4, None, 0),
+    ],
+)
 def test_vocab_size_with_padding(vocab, tp, multiple, expected):
     assert vocab_size_with_padding(vocab, tp, multiple) == expected
 

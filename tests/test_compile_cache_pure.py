@@ -5,8 +5,15 @@ import json
 
 import pytest
 
-from neurontrain.compile.store import (ENTRY_RECORD, install_entry, local_entries, parse_duration, sha256_file,
-                                       valid_entry_path, verify_local)
+from neurontrain.compile.store import (
+    ENTRY_RECORD,
+    install_entry,
+    local_entries,
+    parse_duration,
+    sha256_file,
+    valid_entry_path,
+    verify_local,
+)
 from neurontrain.errors import UsageError
 
 
@@ -66,8 +73,9 @@ def test_verify_local_names_altered_and_truncated_files(tmp_path):
         dl = tmp_path / f"dl-{name}"
         dl.mkdir()
         (dl / "f").write_bytes(payload)
-        record = {"files": {"model.hlo_module.pb": {"sha256": hashlib.sha256(payload).hexdigest(),
-                                                    "size": len(payload)}}}
+        record = {
+            "files": {"model.hlo_module.pb": {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}}
+        }
         install_entry(tmp_path, f"graphs/{name}", False, {"model.hlo_module.pb": dl / "f"}, record)
     assert verify_local(tmp_path) == []
     (tmp_path / "graphs" / "g1" / "model.hlo_module.pb").write_bytes(b"hello worle")

@@ -25,14 +25,14 @@ def test_mpi_mode_is_the_documented_multi_node_command():
     assert cmd[:5] == ["nccom-test", "-r", "64", "-N", "2"]
     assert cmd[cmd.index("-d") + 1] == "fp32" and cmd[cmd.index("-b") + 1] == "1024"
     op = cmd.index("allr")
-    assert cmd[op + 1:] == ["--hosts", "10.1.4.145", "10.1.4.138", "--check"]
+    assert cmd[op + 1 :] == ["--hosts", "10.1.4.145", "10.1.4.138", "--check"]
 
 
 def test_slurm_mode_uses_the_jobs_allocation():
     mode = nccom_mode(4, 0, None, "node-a", "12345")
     cmd, env = nccom_command("all_gather", 128, 4, [1024], 3, mode)
     assert env == {} and cmd[cmd.index("-N") + 1] == "4"
-    assert cmd[cmd.index("allg") + 1:] == ["--slurm-mode", "--slurm-job-id", "12345", "--check"]
+    assert cmd[cmd.index("allg") + 1 :] == ["--slurm-mode", "--slurm-job-id", "12345", "--check"]
 
 
 def test_single_node_and_other_nodes():
@@ -43,11 +43,14 @@ def test_single_node_and_other_nodes():
         nccom_command("all_reduce", 64, 2, [1024], 3, NccomMode("skip"))
 
 
-@pytest.mark.parametrize("hosts, master, job, message", [
-    (None, "a", None, "pass --hosts NODE0,NODE1,... or run inside a Slurm allocation"),
-    (["a"], "a", None, "--hosts lists 1 hosts for --nnodes 2"),
-    (["b", "a"], "a", None, "--hosts must start with node 0"),
-])
+@pytest.mark.parametrize(
+    "hosts, master, job, message",
+    [
+        (None, "a", None, "pass --hosts NODE0,NODE1,... or run inside a Slurm allocation"),
+        (["a"], "a", None, "--hosts lists 1 hosts for --nnodes 2"),
+        (["b", "a"], "a", None, "--hosts must start with node 0"),
+    ],
+)
 def test_multi_node_without_a_way_to_reach_the_nodes_is_bad_input(hosts, master, job, message):
     with pytest.raises(UsageError, match=message):
         nccom_mode(2, 0, hosts, master, job)
@@ -67,14 +70,22 @@ def test_a_failed_check_fails():
     assert any("262144" in f for f in out["failures"])  # the size with no result
 
 
-@pytest.mark.parametrize("text, why", [
-    ("nccom-test: error: unrecognized arguments: --slurm-mode\n", "usage error"),
-    ("2024-May-21 16:08:34.413221 58102:58102 ERROR   NRT:nrt_init  Failed to initialize devices, error:1\n",
-     "runtime ERROR line"),
-    ("    size(B)  count(elems)  type  time(us)  algbw(GB/s)  busbw(GB/s)\n"
-     "       1024           256  fp32        58         0.02         0.02\n", "a size missing"),
-    ("", "no output"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("nccom-test: error: unrecognized arguments: --slurm-mode\n", "usage error"),
+        (
+            "2024-May-21 16:08:34.413221 58102:58102 ERROR   NRT:nrt_init  Failed to initialize devices, error:1\n",
+            "runtime ERROR line",
+        ),
+        (
+            "    size(B)  count(elems)  type  time(us)  algbw(GB/s)  busbw(GB/s)\n"
+            "       1024           256  fp32        58         0.02         0.02\n",
+            "a size missing",
+        ),
+        ("", "no output"),
+    ],
+)
 def test_failure_forms(text, why):
     assert not parse_nccom_test(text, expected_sizes([1024, 4096]))["ok"], why
 
@@ -82,17 +93,20 @@ def test_failure_forms(text, why):
 def _tool(bin_dir: Path, name: str, output: Path, log: Path) -> None:
     """A recorder standing in for a Neuron tool: logs argv and NEURON_RT_ROOT_COMM_ID, prints a recorded output."""
     script = bin_dir / name
-    script.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                      f"open({str(log)!r}, 'a').write(json.dumps([sys.argv[1:], "
-                      "os.environ.get('NEURON_RT_ROOT_COMM_ID')]) + '\\n')\n"
-                      f"sys.stdout.write(open({str(output)!r}).read())\n")
+    script.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps([sys.argv[1:], "
+        "os.environ.get('NEURON_RT_ROOT_COMM_ID')]) + '\\n')\n"
+        f"sys.stdout.write(open({str(output)!r}).read())\n"
+    )
     script.chmod(0o755)
 
 
-@pytest.mark.parametrize("fixture, ok", [("nccom_multinode_warnings.txt", True),
-                                         ("nccom_multinode_check_failed.txt", False)])
+@pytest.mark.parametrize(
+    "fixture, ok", [("nccom_multinode_warnings.txt", True), ("nccom_multinode_check_failed.txt", False)]
+)
 def test_node_0_runs_nccom_test_across_the_hosts(tmp_path, monkeypatch, fixture, ok):
-    from neurontrain.health.runner import HealthOptions, neuron_checks, nccom_plan
+    from neurontrain.health.runner import HealthOptions, nccom_plan, neuron_checks
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -102,20 +116,30 @@ def test_node_0_runs_nccom_test_across_the_hosts(tmp_path, monkeypatch, fixture,
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     sizes = [8, 1 << 30] if ok else [1024, 1 << 20]
-    opts = HealthOptions(nproc_per_node=32, nnodes=2, node_rank=0, master_addr="127.0.0.1", sizes=sizes,
-                         iters=5, hosts=["127.0.0.1", "localhost"], timeout=30)
+    opts = HealthOptions(
+        nproc_per_node=32,
+        nnodes=2,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        sizes=sizes,
+        iters=5,
+        hosts=["127.0.0.1", "localhost"],
+        timeout=30,
+    )
     result = neuron_checks(opts, 64, nccom_plan(opts))
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(calls) == 3  # one invocation per collective, for both nodes
     for argv, root in calls:
-        assert argv[argv.index("--hosts") + 1:argv.index("--hosts") + 3] == ["127.0.0.1", "localhost"]
+        assert argv[argv.index("--hosts") + 1 : argv.index("--hosts") + 3] == ["127.0.0.1", "localhost"]
         assert root.startswith("127.0.0.1:") and argv[argv.index("-N") + 1] == "2"
     assert result["ok"] is ok and result["nccom_test"]["mode"] == "mpi"
     if not ok:
         assert result["problems"][0][0] == "nccom-test all_reduce"
     other = HealthOptions(nproc_per_node=32, nnodes=2, node_rank=1, master_addr="127.0.0.1", sizes=sizes)
     assert neuron_checks(other, 64, nccom_plan(other))["nccom_test"] == {
-        "mode": "skip", "note": "node 0 runs nccom-test across all nodes"}
+        "mode": "skip",
+        "note": "node 0 runs nccom-test across all nodes",
+    }
     assert len(log.read_text().splitlines()) == 3  # node 1 ran none
 
 
@@ -127,8 +151,19 @@ def test_health_multi_node_without_hosts_exits_2_before_any_worker(tmp_path, mon
     _tool(bin_dir, "neuron-ls", DATA / "neuron_ls_trn1.json", tmp_path / "ls.jsonl")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    code = main(["health", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--work-dir",
-                 str(tmp_path / "work")])
+    code = main(
+        [
+            "health",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "127.0.0.1",
+            "--work-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("neurontrain: error: nccom-test across 2 nodes")
     assert not (tmp_path / "work").exists() or not list((tmp_path / "work").glob("rank*.json"))

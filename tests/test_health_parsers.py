@@ -12,8 +12,14 @@ DATA = Path(__file__).parent / "data"
 def test_nccom_sweep_table():
     out = parse_nccom_test((DATA / "nccom_allr_ok.txt").read_text())
     assert out["ok"] and out["failures"] == [] and len(out["rows"]) == 11
-    assert out["rows"][0] == {"size_bytes": 1024, "count": 256, "dtype": "fp32", "time_us": 58.0,
-                              "algbw_gibps": 0.02, "busbw_gibps": 0.02}
+    assert out["rows"][0] == {
+        "size_bytes": 1024,
+        "count": 256,
+        "dtype": "fp32",
+        "time_us": 58.0,
+        "algbw_gibps": 0.02,
+        "busbw_gibps": 0.02,
+    }
     assert out["rows"][-1]["busbw_gibps"] == 52.83 and out["avg_busbw_gibps"] == pytest.approx(23.6671)
 
 
@@ -59,13 +65,23 @@ def test_bus_bandwidth_formulas():
 
 def test_verdict_names_culprits_not_victims():
     done = {"state": "done", "host": "h", "results": [{"check": "all_reduce 1024B", "ok": True}]}
-    victim = {"state": "failed", "host": "h", "error": "RuntimeError: Connection closed by peer",
-              "results": [{"check": "all_reduce 1024B", "ok": False, "error": "RuntimeError: ..."}]}
-    wrong = {"state": "done", "host": "h2", "results": [{"check": "all_gather 2048B", "ok": False,
-                                                         "problem": "wrong result"}]}
-    assert verdict({0: victim, 1: {**victim, "state": "died", "current": {"check": "all_gather 2048B"}}}, [0, 1]) == \
-        [{"rank": 1, "host": "h", "check": "all_gather 2048B", "problem": "died"}]
+    victim = {
+        "state": "failed",
+        "host": "h",
+        "error": "RuntimeError: Connection closed by peer",
+        "results": [{"check": "all_reduce 1024B", "ok": False, "error": "RuntimeError: ..."}],
+    }
+    wrong = {
+        "state": "done",
+        "host": "h2",
+        "results": [{"check": "all_gather 2048B", "ok": False, "problem": "wrong result"}],
+    }
+    assert verdict({0: victim, 1: {**victim, "state": "died", "current": {"check": "all_gather 2048B"}}}, [0, 1]) == [
+        {"rank": 1, "host": "h", "check": "all_gather 2048B", "problem": "died"}
+    ]
     assert verdict({0: done, 1: wrong}, [0, 1])[0]["rank"] == 1
-    assert verdict({0: done, 1: None}, [0, 1]) == [{"rank": 1, "host": "?", "check": "start", "problem": "never started"}]
+    assert verdict({0: done, 1: None}, [0, 1]) == [
+        {"rank": 1, "host": "?", "check": "start", "problem": "never started"}
+    ]
     assert verdict({0: victim, 1: done}, [0, 1])[0]["rank"] == 0  # no culprit: the victim is named
     assert verdict({0: done, 1: done}, [0, 1]) == []

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, read_json, run_cli
 
 pytestmark = pytest.mark.slow
@@ -75,10 +74,22 @@ def test_after_precompile_every_run_graph_is_a_cache_hit(tmp_path, recipes, neur
 def test_cache_dir_flag_relocates_everything_and_the_target_follows_the_host(tmp_path, recipes, neuron_runtime):
     env, read_log = neuron_runtime
     flagged, recipe_cache, argv_log = tmp_path / "flagged", tmp_path / "recipe-cache", tmp_path / "argv.jsonl"
-    env = {**env, "NEURON_CC_FLAGS": f"--cache_dir={flagged} --retry_failed_compilation --log_level=INFO",
-           "STANDIN_INSTANCE_TYPE": "trn2.48xlarge", "STANDIN_CC_ARGV_LOG": str(argv_log)}
-    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={recipe_cache}", *SHORT,
-            "--set", "runtime.preflight=false", "--set", "runtime.compiler_flags=[--model-type=transformer]"]
+    env = {
+        **env,
+        "NEURON_CC_FLAGS": f"--cache_dir={flagged} --retry_failed_compilation --log_level=INFO",
+        "STANDIN_INSTANCE_TYPE": "trn2.48xlarge",
+        "STANDIN_CC_ARGV_LOG": str(argv_log),
+    }
+    args = [
+        str(recipes / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.compile_cache={recipe_cache}",
+        *SHORT,
+        "--set",
+        "runtime.preflight=false",
+        "--set",
+        "runtime.compiler_flags=[--model-type=transformer]",
+    ]
     report = _precompile(args, env, tmp_path, "pre")
     assert Path(report["manifest"]).is_relative_to(flagged)
     assert not recipe_cache.exists() or not any(recipe_cache.rglob("*"))
@@ -121,11 +132,22 @@ def _processes_mentioning(text: str) -> list[int]:
 def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, recipes, neuron_runtime):
     env, _ = neuron_runtime
     cache, cc_log = tmp_path / "cache", tmp_path / "cc.log"
-    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={cache}", *SHORT,
-            "--set", "runtime.preflight=false"]
+    args = [
+        str(recipes / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.compile_cache={cache}",
+        *SHORT,
+        "--set",
+        "runtime.preflight=false",
+    ]
     slow = {**os.environ, "PYTHONUNBUFFERED": "1", **env, "STANDIN_CC_SECONDS": "120", "STANDIN_CC_LOG": str(cc_log)}
-    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", "precompile", *args], cwd=REPO, env=slow,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neurontrain", "precompile", *args],
+        cwd=REPO,
+        env=slow,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while not (cc_log.exists() and cc_log.read_text().strip()):
         assert proc.poll() is None and time.time() < deadline, "the compile never started"
@@ -150,8 +172,16 @@ def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, 
 def test_extraction_run_keeps_nothing(tmp_path, recipes, neuron_runtime):
     env, read_log = neuron_runtime
     out = tmp_path / "run"
-    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={tmp_path / 'cache'}", *SHORT,
-            "--set", "checkpoint.every=2", "--set", "runtime.preflight=false"]
+    args = [
+        str(recipes / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.compile_cache={tmp_path / 'cache'}",
+        *SHORT,
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "runtime.preflight=false",
+    ]
     run = run_cli("run", *args, "--output-dir", str(out), env={**env, "NEURON_EXTRACT_GRAPHS_ONLY": "1"})
     assert run.returncode == 0, run.stderr
     assert "writes no checkpoint, model, metrics or summary" in run.stderr
@@ -175,11 +205,28 @@ def test_extraction_run_keeps_nothing(tmp_path, recipes, neuron_runtime):
 def test_fleet_through_s3_and_import_of_a_runtime_cache(tmp_path, recipes, neuron_runtime, s3_bucket):
     env, read_log = neuron_runtime
     bucket, client = s3_bucket
-    env = {**env, **{k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}}
+    env = {
+        **env,
+        **{
+            k: os.environ[k]
+            for k in (
+                "AWS_ENDPOINT_URL",
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_DEFAULT_REGION",
+                "AWS_EC2_METADATA_DISABLED",
+            )
+        },
+    }
     store = f"s3://{bucket}/fleet"
-    args = [str(recipes / "tiny-llama-clm.yaml"), "--set", f"runtime.compile_cache={store}", *SHORT,
-            "--set", "runtime.preflight=false"]
+    args = [
+        str(recipes / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.compile_cache={store}",
+        *SHORT,
+        "--set",
+        "runtime.preflight=false",
+    ]
     node1, node2 = tmp_path / "node1", tmp_path / "node2"
     pre = run_cli("precompile", *args, "--local", str(node1), "--json", str(tmp_path / "pre.json"), env=env)
     assert pre.returncode == 0, pre.stderr

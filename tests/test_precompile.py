@@ -4,14 +4,22 @@ import json
 import re
 
 import pytest
-
 from conftest import read_json, run_cli
+
 from neurontrain.compile.graphs import graph_id
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["--set", "train.max_steps=12", "--set", "train.eval_every=6", "--set", "checkpoint.every=6",
-         "--set", "train.log_every=4"]
+SMALL = [
+    "--set",
+    "train.max_steps=12",
+    "--set",
+    "train.eval_every=6",
+    "--set",
+    "checkpoint.every=6",
+    "--set",
+    "train.log_every=4",
+]
 
 
 def _compiled_graph_ids(dump_dir):
@@ -42,8 +50,14 @@ def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, rec
     dump.mkdir()
     out = tmp_path / "run"
     # --no-preflight: the preflight's device-check graphs would be in the dump too; this test is about training
-    run = run_cli("run", *args, "--output-dir", str(out), "--no-preflight",
-                  env={"XLA_SAVE_TENSORS_FILE": str(dump / "graphs"), "XLA_SAVE_TENSORS_FMT": "hlo"})
+    run = run_cli(
+        "run",
+        *args,
+        "--output-dir",
+        str(out),
+        "--no-preflight",
+        env={"XLA_SAVE_TENSORS_FILE": str(dump / "graphs"), "XLA_SAVE_TENSORS_FMT": "hlo"},
+    )
     assert run.returncode == 0, run.stderr
     summary = read_json(out / "summary.json")
     assert summary["checked_against_manifest"] is True

@@ -10,9 +10,17 @@ import pytest
 
 from neurontrain.backend import check_xla_flags
 from neurontrain.compile.importer import _complete
-from neurontrain.compile.runtime_cache import (cache_dir_flag, extraction_mode, gained_neff, module_state,
-                                               new_modules, runtime_cache_location, runtime_environment, scan_modules,
-                                               with_cache_dir)
+from neurontrain.compile.runtime_cache import (
+    cache_dir_flag,
+    extraction_mode,
+    gained_neff,
+    module_state,
+    new_modules,
+    runtime_cache_location,
+    runtime_environment,
+    scan_modules,
+    with_cache_dir,
+)
 from neurontrain.errors import UsageError
 
 STANDIN_CC = str(Path(__file__).parent / "standin" / "neuronx-cc")
@@ -45,8 +53,10 @@ def test_exported_environment_appends_flags_and_keeps_the_users():
 
 
 def test_with_cache_dir_replaces_only_the_cache_dir():
-    assert with_cache_dir("-O1 --cache_dir /a --model-type=transformer", "/x") == \
-        "-O1 --model-type=transformer --cache_dir=/x"
+    assert (
+        with_cache_dir("-O1 --cache_dir /a --model-type=transformer", "/x")
+        == "-O1 --model-type=transformer --cache_dir=/x"
+    )
     assert with_cache_dir("", "/x y") == "'--cache_dir=/x y'"
 
 
@@ -100,8 +110,22 @@ def _cc(tmp_path, *args):
     hlo = tmp_path / "m.hlo_module.pb"
     hlo.write_bytes(b"module")
     env = {**os.environ, "STANDIN_CC_SECONDS": "0"}
-    return subprocess.run([sys.executable, STANDIN_CC, "compile", "--framework=XLA", str(hlo), "--target=trn1",
-                           "--output", str(tmp_path / "m.neff"), *args], capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            STANDIN_CC,
+            "compile",
+            "--framework=XLA",
+            str(hlo),
+            "--target=trn1",
+            "--output",
+            str(tmp_path / "m.neff"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("flag", ["--cache_dir=/tmp/x", "--retry_failed_compilation", "--log_level=INFO", "--bogus"])

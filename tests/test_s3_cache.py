@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, read_json, run_cli
 
 
@@ -31,8 +30,11 @@ def _fake_cache(root, seed, n_graphs=5, n_modules=3):
 
 
 def _tree(root):
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def _cli(*args, env=None):
@@ -67,13 +69,21 @@ def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket):
     roots = []
     for k in range(4):
         root = tmp_path / f"node{k}"
-        _fake_cache(root, seed=7)              # the same entries on every node ...
+        _fake_cache(root, seed=7)  # the same entries on every node ...
         _fake_cache(root, seed=100 + k, n_graphs=2, n_modules=1)  # ... overwritten in part by node-specific bytes
         roots.append(root)
     env = {**os.environ}
-    procs = [subprocess.Popen([sys.executable, "-m", "neurontrain", "cache", "push", "--cache", url, "--local",
-                               str(r), "--workers", "4"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in roots]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "neurontrain", "cache", "push", "--cache", url, "--local", str(r), "--workers", "4"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in roots
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     verify = _cli("verify", "--cache", url)
@@ -107,10 +117,10 @@ def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket
 
     neff_key = f"c/blobs/{hashlib.sha256(neff.read_bytes()).hexdigest()}"
     hlo_key = f"c/blobs/{hashlib.sha256(hlo.read_bytes()).hexdigest()}"
-    client.put_object(Bucket=bucket, Key=neff_key, Body=neff.read_bytes()[:-100])          # truncated
+    client.put_object(Bucket=bucket, Key=neff_key, Body=neff.read_bytes()[:-100])  # truncated
     flipped = bytearray(hlo.read_bytes())
     flipped[len(flipped) // 2] ^= 0x01
-    client.put_object(Bucket=bucket, Key=hlo_key, Body=bytes(flipped))                   # one bit flipped
+    client.put_object(Bucket=bucket, Key=hlo_key, Body=bytes(flipped))  # one bit flipped
     verify = _cli("verify", "--cache", url)
     assert verify.returncode == 1
     assert neff_key in verify.stderr and "truncated" in verify.stderr
@@ -149,10 +159,22 @@ def test_bad_urls_missing_buckets_and_credentials_exit_2(tmp_path, s3_server):
         assert res.returncode == 2, (args, res.stderr)
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     no_creds = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    no_creds.update({"AWS_ENDPOINT_URL": s3_server["AWS_ENDPOINT_URL"], "AWS_EC2_METADATA_DISABLED": "true",
-                     "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")})
-    res = subprocess.run([sys.executable, "-m", "neurontrain", "cache", "ls", "--cache", "s3://some-bucket/x"],
-                         cwd=REPO, env=no_creds, capture_output=True, text=True, timeout=120)
+    no_creds.update(
+        {
+            "AWS_ENDPOINT_URL": s3_server["AWS_ENDPOINT_URL"],
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        }
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "neurontrain", "cache", "ls", "--cache", "s3://some-bucket/x"],
+        cwd=REPO,
+        env=no_creds,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "no AWS credentials" in res.stderr, res.stderr
 
 
@@ -164,19 +186,47 @@ def test_fleet_precompile_once_then_status_and_run_elsewhere(tmp_path, s3_bucket
     url = f"s3://{bucket}/fleet"
     recipe = str(recipes / "tiny-llama-clm.yaml")
     small = ["--set", "train.max_steps=6", "--set", "checkpoint.every=0", "--set", "train.eval_every=3"]
-    pre = run_cli("precompile", recipe, *small, "--cache", url, "--local", str(tmp_path / "node1"),
-                  "--json", str(tmp_path / "pre.json"), env=dict(os.environ))
+    pre = run_cli(
+        "precompile",
+        recipe,
+        *small,
+        "--cache",
+        url,
+        "--local",
+        str(tmp_path / "node1"),
+        "--json",
+        str(tmp_path / "pre.json"),
+        env=dict(os.environ),
+    )
     assert pre.returncode == 0, pre.stderr
     report = read_json(tmp_path / "pre.json")
     ids = {g["graph_id"] for g in report["graphs"]}
-    status = run_cli("cache", "status", recipe, *small, "--cache", url, "--local", str(tmp_path / "node2"), "--json",
-                     env=dict(os.environ))
+    status = run_cli(
+        "cache",
+        "status",
+        recipe,
+        *small,
+        "--cache",
+        url,
+        "--local",
+        str(tmp_path / "node2"),
+        "--json",
+        env=dict(os.environ),
+    )
     assert status.returncode == 0, status.stderr
     listed = json.loads(status.stdout)
     assert {g["graph_id"] for g in listed["graphs"]} == ids
     assert all("remote" in g["hlo"] for g in listed["graphs"])
-    run = run_cli("run", recipe, *small, "--set", f"runtime.compile_cache={url}", "--output-dir", str(tmp_path / "run"),
-                  env={**os.environ, "NEURONTRAIN_CACHE_DIR": str(tmp_path / "node3")})
+    run = run_cli(
+        "run",
+        recipe,
+        *small,
+        "--set",
+        f"runtime.compile_cache={url}",
+        "--output-dir",
+        str(tmp_path / "run"),
+        env={**os.environ, "NEURONTRAIN_CACHE_DIR": str(tmp_path / "node3")},
+    )
     assert run.returncode == 0, run.stderr
     summary = read_json(tmp_path / "run" / "summary.json")
     assert summary["checked_against_manifest"] and summary["unexpected_graphs"] == 0

@@ -14,10 +14,27 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _summary(**changes) -> RunSummary:
-    base = dict(recipe="r", backend="xla-cpu", steps=3, compilations=3, compile_seconds=1.5, distinct_graphs=3,
-                expected_graphs=3, unexpected_graphs=0, hidden_host_syncs=0, checked_against_manifest=False,
-                world_size=1, per_worker_batch=8, grad_accum=1, effective_batch=8, restarts=0, bucket_mode="fixed",
-                tokens_per_second=10.0, padding_fraction=0.5, wall_seconds=2.0)
+    base = dict(
+        recipe="r",
+        backend="xla-cpu",
+        steps=3,
+        compilations=3,
+        compile_seconds=1.5,
+        distinct_graphs=3,
+        expected_graphs=3,
+        unexpected_graphs=0,
+        hidden_host_syncs=0,
+        checked_against_manifest=False,
+        world_size=1,
+        per_worker_batch=8,
+        grad_accum=1,
+        effective_batch=8,
+        restarts=0,
+        bucket_mode="fixed",
+        tokens_per_second=10.0,
+        padding_fraction=0.5,
+        wall_seconds=2.0,
+    )
     return RunSummary(**{**base, **changes})
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from neurontrain.fileio import write_file_atomic
 
-
 _REQUIRED = object()
 
 
@@ -32,7 +31,9 @@ class RunSummary:
     recipe: str = _doc("recipe name")
     backend: str = _doc("backend the run used (neuron, xla-cpu, xla-cuda, eager)")
     steps: int = _doc("optimizer steps of the run (train.max_steps)")
-    resumed_from_step: int | None = _doc("step of the checkpoint the run resumed from; null for a fresh run", default=None)
+    resumed_from_step: int | None = _doc(
+        "step of the checkpoint the run resumed from; null for a fresh run", default=None
+    )
     first_loss: float | None = _doc("training loss of the first logged step", default=None)
     final_loss: float | None = _doc("training loss of the last logged step", default=None)
     compilations: int = _doc("graphs compiled during the run (the backend's own counter)")
@@ -56,8 +57,12 @@ class RunSummary:
     wall_seconds: float = _doc("seconds from set-up to the end of the loop")
     eval_loss: float | None = _doc("loss of the last evaluation, when the recipe evaluates", default=None)
     eval_accuracy: float | None = _doc("accuracy of the last evaluation (sequence classification)", default=None)
-    compile_cache: dict | None = _doc("what run pulled from and pushed to the compile cache, when it moved anything", default=None)
-    neuron_cache: dict | None = _doc("on Neuron: runtime cache root, modules compiled at run time, cache hits", default=None)
+    compile_cache: dict | None = _doc(
+        "what run pulled from and pushed to the compile cache, when it moved anything", default=None
+    )
+    neuron_cache: dict | None = _doc(
+        "on Neuron: runtime cache root, modules compiled at run time, cache hits", default=None
+    )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,9 +81,21 @@ class RunSummary:
         write_file_atomic(Path(output_dir) / "summary.json", data.encode())
 
 
-CONSOLE_FIELDS = ("backend", "steps", "world_size", "effective_batch", "restarts", "first_loss", "final_loss",
-                  "compilations", "distinct_graphs", "unexpected_graphs", "tokens_per_second", "padding_fraction",
-                  "wall_seconds")
+CONSOLE_FIELDS = (
+    "backend",
+    "steps",
+    "world_size",
+    "effective_batch",
+    "restarts",
+    "first_loss",
+    "final_loss",
+    "compilations",
+    "distinct_graphs",
+    "unexpected_graphs",
+    "tokens_per_second",
+    "padding_fraction",
+    "wall_seconds",
+)
 
 
 def read_summary(output_dir: Path) -> RunSummary | None:

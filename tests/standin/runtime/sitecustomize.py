@@ -1,5 +1,6 @@
 """Loaded by every Python process that has tests/standin/runtime on its path: when NEURON_STANDIN_SALT is
 set, the stand-in runtime watches XLA:CPU's compiles as libneuronxla watches Neuron's."""
+
 import os
 
 if os.environ.get("NEURON_STANDIN_SALT"):

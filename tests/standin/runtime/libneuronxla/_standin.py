@@ -10,6 +10,7 @@ Otherwise a module with model.neff + model.done is a hit; a miss is compiled jus
 the runtime does) and cached, a failed one cached as failed (model.log, no NEFF). Every event is a JSON line
 in NEURON_STANDIN_LOG.
 """
+
 import atexit
 import functools
 import glob
@@ -24,8 +25,7 @@ import tempfile
 import threading
 import time
 
-WRAPPER_ONLY = ("--cache_dir", "--no_cache", "--log_level", "--retry_failed_compilation", "--dump",
-                "--compile_workdir")
+WRAPPER_ONLY = ("--cache_dir", "--no_cache", "--log_level", "--retry_failed_compilation", "--dump", "--compile_workdir")
 SYNC_CALLS = ("_xla_step_marker", "_xla_sync_multi", "_xla_get_cpu_tensors", "_xla_warm_up_cache")
 _state = {"dump": None, "seen": set(), "lock": threading.Lock()}
 
@@ -44,7 +44,7 @@ def platform_target():
 
 def compiler_flags():
     tokens, out, skip = shlex.split(os.environ.get("NEURON_CC_FLAGS", "")), [], False
-    for i, token in enumerate(tokens):
+    for token in tokens:
         if skip:
             skip = False
         elif _wrapper_flag(token):
@@ -58,7 +58,7 @@ def flags_hash(flags):
     return hashlib.md5(json.dumps(flags).encode()).hexdigest()[:8]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_version():
     out = subprocess.run(["neuronx-cc", "--version"], capture_output=True, text=True, check=True).stdout
     return out.split("version", 1)[1].split()[0]
@@ -99,10 +99,10 @@ def _fields(buf):
 
 def module_from_dump(data):
     """The HloModuleProto inside XLA's dumped HloProto (field 1), and its canonical form without field 5 (id)."""
-    (number, raw), = [f for f in _fields(data) if f[0] == 1]
+    ((number, raw),) = [f for f in _fields(data) if f[0] == 1]
     _, start = _varint(raw, 0)
     n, start = _varint(raw, start)
-    module = raw[start:start + n]
+    module = raw[start : start + n]
     canonical = b"".join(chunk for num, chunk in _fields(module) if num != 5)
     return module, canonical
 
@@ -199,6 +199,7 @@ def _wrap(fn):
             return fn(*args, **kwargs)
         finally:
             process_new_modules()
+
     return wrapped
 
 

@@ -1,5 +1,6 @@
 """Stand-in of libneuronxla.neuron_cc_cache: the cache URL precedence, the module directory layout, locks
 (an flock on model.hlo_module.pb.lock, released when its process dies) and the todo/locked/done/failed scan."""
+
 import fcntl
 import os
 import shlex
@@ -116,8 +117,10 @@ class CompileCacheFs(CompileCache):
                 locked.append(hlo)
             else:
                 todo.append(hlo)
-        print(f"Current remaining items are {len(todo)}, locked are {len(locked)}, failed are {len(failed)}, "
-              f"done are {len(done)}, total is {len(todo) + len(locked) + len(failed) + len(done)}")
+        print(
+            f"Current remaining items are {len(todo)}, locked are {len(locked)}, failed are {len(failed)}, "
+            f"done are {len(done)}, total is {len(todo) + len(locked) + len(failed) + len(done)}"
+        )
         return todo, locked, done, failed
 
     def clear_locks(self):

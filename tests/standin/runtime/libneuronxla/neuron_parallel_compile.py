@@ -3,6 +3,7 @@ library call `parallel_compile(work_dir, cache_url, num_parallel)` it wraps): ev
 compiled with neuronx-cc in a process pool; failed compiles cached as failed; returns the number of failures.
 With NEURON_PARALLEL_COMPILE_DUMP_RESULTS set, writes neuron_parallel_compile_results_<time>.json in the
 current directory."""
+
 import argparse
 import json
 import math
@@ -28,7 +29,9 @@ def _compile_one(args):
         flags = json.load(open(os.path.join(module_dir, "compile_flags.json")))
         retries = int(os.environ.get("NEURON_PARALLEL_COMPILE_MAX_RETRIES", "0"))
         for attempt in range(retries + 1):
-            ok, seconds = _standin.compile_entry(module_dir, flags, os.path.join(work_dir, os.path.basename(module_dir)))
+            ok, seconds = _standin.compile_entry(
+                module_dir, flags, os.path.join(work_dir, os.path.basename(module_dir))
+            )
             if ok or os.path.exists(os.path.join(module_dir, "model.log")):
                 return hlo, ok, seconds, attempt
         return hlo, False, seconds, retries
@@ -39,16 +42,24 @@ def _compile_one(args):
 def parallel_compile(work_dir, cache_url, num_parallel=None, **_):
     cache = create_compile_cache(cache_url)
     todo, _locked, _done, _failed = cache.get_hlos()
-    num_parallel = num_parallel or max(1, math.ceil(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (64 << 30)))
+    num_parallel = num_parallel or max(
+        1, math.ceil(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (64 << 30))
+    )
     start = time.time()
     report = {}
     with ProcessPoolExecutor(num_parallel) as pool:
         for hlo, ok, seconds, retry in pool.map(_compile_one, [(h, cache_url.url, work_dir) for h in todo]):
             if ok is not None:
                 report[hlo] = {"status": ok, "retry": retry, "compile_time": seconds}
-    summary = {"compilation_summary": {"true": sum(r["status"] for r in report.values()),
-                                       "false": sum(not r["status"] for r in report.values())},
-               "compilation_report": report, "start_time": start, "compilation_time": time.time() - start}
+    summary = {
+        "compilation_summary": {
+            "true": sum(r["status"] for r in report.values()),
+            "false": sum(not r["status"] for r in report.values()),
+        },
+        "compilation_report": report,
+        "start_time": start,
+        "compilation_time": time.time() - start,
+    }
     print(json.dumps(summary))
     if os.environ.get("NEURON_PARALLEL_COMPILE_DUMP_RESULTS"):
         with open(f"neuron_parallel_compile_results_{int(start)}.json", "w") as fh:
@@ -59,8 +70,11 @@ def parallel_compile(work_dir, cache_url, num_parallel=None, **_):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="neuron_parallel_compile")
-    parser.add_argument("--command", default="collect-and-compile",
-                        choices=["collect-and-compile", "collect", "compile", "clean", "clear-locks", "scan"])
+    parser.add_argument(
+        "--command",
+        default="collect-and-compile",
+        choices=["collect-and-compile", "collect", "compile", "clean", "clear-locks", "scan"],
+    )
     parser.add_argument("--num_parallel", type=int)
     parser.add_argument("--parallel_compile_workdir", default="/tmp/parallel_compile_workdir")
     parser.add_argument("user_command", nargs=argparse.REMAINDER)
