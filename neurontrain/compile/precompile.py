@@ -5,7 +5,7 @@ its persistent cache)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from neurontrain.backend import Backend
@@ -19,46 +19,37 @@ from neurontrain.loop.planning import RunPlan
 
 @dataclass
 class PrecompileReport:
-    manifest: Manifest
-    manifest_file: Path
+    """What `precompile` did; its fields are the JSON report (`--json`)."""
+
     target: str
-    found: int = 0
-    cached: int = 0
+    manifest: str
+    discovery_seconds: float
+    graphs_found: int = 0
+    already_cached: int = 0
     compiled: int = 0
     failed: int = 0
     seconds: float = 0.0
-    rows: list[dict] = field(default_factory=list)
+    graphs: list[dict] = field(default_factory=list)
     note: str = ""
 
     def table(self) -> str:
         lines = [f"{'graph':<22} {'shapes':<14} {'graph id':<18} {'runtime module':<34} {'status':<10} {'seconds':>8}"]
-        for row in self.rows:
+        for row in self.graphs:
             module = ",".join(m.split("/")[-1] for m in row["modules"]) or "-"
             lines.append(
                 f"{row['graph']:<22} {row['shapes']:<14} {row['graph_id'][:16]:<18} {module:<34} "
                 f"{row['status']:<10} {row['seconds']:>8.2f}"
             )
         lines.append(
-            f"graphs found {self.found}, already cached {self.cached}, compiled {self.compiled}, "
-            f"failed {self.failed}, {self.seconds:.1f} s (discovery {self.manifest.discovery_seconds:.2f} s)"
+            f"graphs found {self.graphs_found}, already cached {self.already_cached}, compiled {self.compiled}, "
+            f"failed {self.failed}, {self.seconds:.1f} s (discovery {self.discovery_seconds:.2f} s)"
         )
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {
-            "target": self.target,
-            "manifest": str(self.manifest_file),
-            "graphs_found": self.found,
-            "already_cached": self.cached,
-            "compiled": self.compiled,
-            "failed": self.failed,
-            "seconds": round(self.seconds, 3),
-            "discovery_seconds": self.manifest.discovery_seconds,
-            "graphs": self.rows,
-            "note": self.note,
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
 
 
 def _label(key: list) -> str:
@@ -71,6 +62,29 @@ def precompile(
     """through_runtime: the Neuron runtime extracts each traced graph (naming its module itself) and its own
     parallel compile phase compiles them; otherwise graphs are only recorded."""
     start = time.perf_counter()
+    manifest = _discover(plan, backend, cache_root, through_runtime)
+    path = manifest_path(cache_root, plan.recipe.name, manifest.plan_id)
+    save_manifest(path, manifest)
+    report = PrecompileReport(
+        target="neuron" if through_runtime else "none",
+        manifest=str(path),
+        discovery_seconds=manifest.discovery_seconds,
+        graphs_found=len(manifest.graphs),
+    )
+    statuses: dict[str, tuple[str, float]] = {}
+    if through_runtime:
+        statuses = _compile(report, manifest, cache_root, workers)
+    else:
+        report.note = (
+            f"{backend.name}: graphs recorded in the manifest; this runtime cannot reload compiled "
+            "executables across processes, so compilation happens at run time."
+        )
+    report.graphs = [_graph_row(g, statuses, through_runtime) for g in manifest.graphs]
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _discover(plan: RunPlan, backend: Backend, cache_root: Path, through_runtime: bool) -> Manifest:
     extractor = Extractor(cache_root) if through_runtime else None
     try:
         manifest = discover(plan, backend, cache_root, extract=extractor.extract if extractor else None)
@@ -79,46 +93,39 @@ def precompile(
     finally:
         if extractor is not None:
             extractor.close()
-    path = manifest_path(cache_root, plan.recipe.name, manifest.plan_id)
-    save_manifest(path, manifest)
-    report = PrecompileReport(manifest, path, "neuron" if through_runtime else "none", found=len(manifest.graphs))
-    statuses: dict[str, tuple[str, float]] = {}
-    if through_runtime:
-        without = [g for g in manifest.graphs if not g.modules]
-        results = compile_modules(cache_root, manifest.module_names(), workers)
-        for res in results:
-            statuses[res.module] = (res.status, res.seconds)
-        report.cached = sum(1 for r in results if r.status == "cached")
-        report.compiled = sum(1 for r in results if r.status == "compiled")
-        report.failed = sum(1 for r in results if r.status != "compiled" and r.status != "cached") + len(without)
-        if without:
-            report.note = (
-                f"the Neuron runtime wrote no module for {len(without)} graph(s) "
-                f"({', '.join(_label(g.key) for g in without)}): is it the runtime that compiles here?"
-            )
-    else:
+    return manifest
+
+
+def _compile(
+    report: PrecompileReport, manifest: Manifest, cache_root: Path, workers: int | None
+) -> dict[str, tuple[str, float]]:
+    """Compile the manifest's modules with the runtime; count the outcomes into the report."""
+    without = [g for g in manifest.graphs if not g.modules]
+    results = compile_modules(cache_root, manifest.module_names(), workers)
+    report.already_cached = sum(1 for r in results if r.status == "cached")
+    report.compiled = sum(1 for r in results if r.status == "compiled")
+    report.failed = sum(1 for r in results if r.status not in ("compiled", "cached")) + len(without)
+    if without:
         report.note = (
-            f"{backend.name}: graphs recorded in the manifest; this runtime cannot reload compiled "
-            "executables across processes, so compilation happens at run time."
+            f"the Neuron runtime wrote no module for {len(without)} graph(s) "
+            f"({', '.join(_label(g.key) for g in without)}): is it the runtime that compiles here?"
         )
-    for g in manifest.graphs:
-        rows = [statuses.get(m, ("missing", 0.0)) for m in g.modules] or [
-            ("recorded" if not through_runtime else "no module", 0.0)
-        ]
-        status = next((st for st, _ in rows if st not in ("cached", "compiled")), rows[0][0])
-        report.rows.append(
-            {
-                "graph": _label(g.key),
-                "shapes": "x".join(map(str, g.shapes.get("input_ids", []))) or "-",
-                "graph_id": g.graph_id,
-                "modules": g.modules,
-                "status": status,
-                "seconds": round(sum(sec for _, sec in rows), 3),
-                "trace_seconds": g.trace_seconds,
-            }
-        )
-    report.seconds = time.perf_counter() - start
-    return report
+    return {res.module: (res.status, res.seconds) for res in results}
+
+
+def _graph_row(g: GraphRecord, statuses: dict[str, tuple[str, float]], through_runtime: bool) -> dict:
+    rows = [statuses.get(m, ("missing", 0.0)) for m in g.modules]
+    rows = rows or [("recorded" if not through_runtime else "no module", 0.0)]
+    status = next((st for st, _ in rows if st not in ("cached", "compiled")), rows[0][0])
+    return {
+        "graph": _label(g.key),
+        "shapes": "x".join(map(str, g.shapes.get("input_ids", []))) or "-",
+        "graph_id": g.graph_id,
+        "modules": g.modules,
+        "status": status,
+        "seconds": round(sum(sec for _, sec in rows), 3),
+        "trace_seconds": g.trace_seconds,
+    }
 
 
 def _preflight_record(backend: Backend, extractor: Extractor) -> GraphRecord:
