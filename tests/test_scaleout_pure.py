@@ -5,7 +5,7 @@ import pytest
 
 from conftest import RECIPES
 from neurontrain.data.collate import Collator
-from neurontrain.data.plan import PlannedBatch
+from neurontrain.data.batching import IndexBatch as PlannedBatch
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
 from neurontrain.launch.topology import Topology, torchrun_args

@@ -19,7 +19,7 @@ from neurontrain.backend import Backend, package_versions
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
 from neurontrain.data.collate import Collator
-from neurontrain.data.plan import PlannedBatch
+from neurontrain.data.batching import IndexBatch as PlannedBatch
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from neurontrain.data.plan import PlannedBatch
+from neurontrain.data.batching import IndexBatch
 from neurontrain.data.sharding import worker_rows
 
 IGNORE_INDEX = -100
@@ -30,7 +30,7 @@ class Collator:
         self.pad_id = pad_id
         self.rank, self.world = rank, world
 
-    def __call__(self, batch: PlannedBatch) -> dict:
+    def __call__(self, batch: IndexBatch) -> dict:
         rows, length = self.batch_size, batch.length
         indices = worker_rows(batch.indices, self.rank, self.world) if self.world > 1 else batch.indices
         input_ids = torch.full((rows, length), self.pad_id, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""The run plan: buckets, batch plan and the graphs a run will compile, known before any step runs.
+"""The run plan: buckets, batch order and the graphs a run will compile, known before any step runs.
 
 `run`, `run --dry-run` and `precompile` all go through `make_plan`, so the graphs a plan lists are by
 construction the graphs the loop executes.
@@ -10,9 +10,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from neurontrain.backend import BACKENDS
+from neurontrain.data.batching import Batcher, IndexBatch, fixed_batches
 from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
-from neurontrain.data.plan import BatchPlanner, PlannedBatch, fixed_batches
+from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
+from neurontrain.errors import UsageError
 from neurontrain.loop.model import ModelDims, build_config, model_dims
 from neurontrain.recipe import Recipe
 
@@ -25,9 +28,10 @@ COST_DEFAULTS = {
     "xla-cuda": (20.0, 5e13, 0.005, 8192),
     "neuron": (300.0, 4e13, 0.01, 4096),
 }
+BUCKET_MODES = ("dynamic", "max", "auto", "fixed")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunPlan:
     recipe: Recipe
     backend: str
@@ -36,13 +40,46 @@ class RunPlan:
     dims: ModelDims
     buckets: list[int] | None  # None: dynamic padding
     bucket_mode: str
-    planner: BatchPlanner
-    eval_batches: list[PlannedBatch]
+    batcher: Batcher  # global batches: data.batch_size x world rows each
+    eval_batches: list[IndexBatch]
     train_lengths_used: list[int]
     auto_estimate: dict | None = None
     notes: list[str] = field(default_factory=list)
     world: int = 1
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
+
+    def __post_init__(self) -> None:
+        samples = len(self.data.train_ids)
+        if self.backend not in BACKENDS:
+            raise UsageError(f"run plan: unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.world < 1:
+            raise UsageError(f"run plan: {self.world} workers; a run needs at least one")
+        if self.world > samples:
+            raise UsageError(
+                f"{self.world} workers but only {samples} training samples: every worker needs at least one "
+                "sample a step"
+            )
+        if self.host_reduce and self.world == 1:
+            raise UsageError("run plan: a host all-reduce needs more than one worker")
+        if self.bucket_mode not in BUCKET_MODES:
+            raise UsageError(f"run plan: bucket mode {self.bucket_mode!r} is not one of {', '.join(BUCKET_MODES)}")
+        if (self.buckets is None) != (self.bucket_mode == "dynamic"):
+            raise UsageError(f"run plan: bucket mode {self.bucket_mode} with buckets {self.buckets}")
+        if self.buckets is not None and (self.buckets[0] < 1 or sorted(set(self.buckets)) != self.buckets):
+            raise UsageError(f"run plan: buckets {self.buckets} must be positive and strictly increasing")
+        if not self.train_lengths_used:
+            raise UsageError("run plan: no training batch (the data yields none)")
+        if self.batcher.batch_size != self.recipe.data.batch_size * self.world:
+            raise UsageError(
+                f"run plan: batches of {self.batcher.batch_size} rows are not data.batch_size "
+                f"{self.recipe.data.batch_size} x {self.world} workers"
+            )
+
+    @property
+    def planner(self) -> Batcher:
+        """The old name of `batcher`, still read by compile/discover.py, tests/test_scaleout_pure.py and
+        benchmarks/loop_overhead.py; remove it once they read `batcher`."""
+        return self.batcher
 
     @property
     def split_step(self) -> bool:
@@ -68,10 +105,10 @@ class RunPlan:
     def padding_fraction(self) -> float:
         """Padded share of the token slots of the planned training batches."""
         total = real = 0
-        batch_size = self.planner.batch_size
-        lengths = self.planner.lengths
+        batch_size = self.batcher.batch_size
+        lengths = self.batcher.lengths
         steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
-        for i, batch in enumerate(self.planner.iterate(0)):
+        for i, batch in enumerate(self.batcher.iterate(0)):
             if i == steps:
                 break
             total += batch.length * batch_size
@@ -86,27 +123,47 @@ class RunPlan:
             "recipe": r.name,
             "task": r.task,
             "backend": self.backend,
-            "model": {"type": self.dims.model_type, "parameters": self.dims.n_params,
-                      "layers": self.dims.n_layers, "hidden": self.dims.hidden,
-                      "source": r.model.pretrained or "config"},
-            "data": {"source": r.data.source, "train_samples": len(lengths), "eval_samples": len(self.data.eval_ids),
-                     "tokens_min": min(lengths), "tokens_median": statistics.median(lengths),
-                     "tokens_max": max(lengths), "truncated": self.data.truncated},
-            "buckets": {"mode": self.bucket_mode, "lengths": self.buckets, "used": sorted(set(self.train_lengths_used)),
-                        "estimate": self.auto_estimate},
-            "batches_per_epoch": self.planner.batches_per_epoch(),
+            "model": {
+                "type": self.dims.model_type,
+                "parameters": self.dims.n_params,
+                "layers": self.dims.n_layers,
+                "hidden": self.dims.hidden,
+                "source": r.model.pretrained or "config",
+            },
+            "data": {
+                "source": r.data.source,
+                "train_samples": len(lengths),
+                "eval_samples": len(self.data.eval_ids),
+                "tokens_min": min(lengths),
+                "tokens_median": statistics.median(lengths),
+                "tokens_max": max(lengths),
+                "truncated": self.data.truncated,
+            },
+            "buckets": {
+                "mode": self.bucket_mode,
+                "lengths": self.buckets,
+                "used": sorted(set(self.train_lengths_used)),
+                "estimate": self.auto_estimate,
+            },
+            "batches_per_epoch": self.batcher.batches_per_epoch(),
             "steps": r.train.max_steps,
             "world_size": world,
             "per_worker_batch": r.data.batch_size,
             "grad_accum": r.train.grad_accum,
             "effective_batch": r.data.batch_size * r.train.grad_accum * world,
-            "gradient_reduction": ("none" if world == 1 else "host all-reduce (gloo) between the micro-step and "
-                                   "optimizer graphs" if self.host_reduce else "in-graph all-reduce"),
+            "gradient_reduction": self._gradient_reduction(),
             "expected_graphs": [list(k) for k in self.expected_graphs()],
             "padding_fraction": round(self.padding_fraction(), 4),
             "compile_cache": r.runtime.compile_cache,
             "notes": self.notes,
         }
+
+    def _gradient_reduction(self) -> str:
+        if self.world == 1:
+            return "none"
+        if self.host_reduce:
+            return "host all-reduce (gloo) between the micro-step and optimizer graphs"
+        return "in-graph all-reduce"
 
 
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
@@ -131,11 +188,11 @@ def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
 
 def with_world(recipe: Recipe, world: int) -> Recipe:
     """The recipe as `world` workers run it: train.grad_accum derived from train.global_batch_size."""
-    from neurontrain.data.sharding import resolve_grad_accum
-
     t = recipe.train
     accum = resolve_grad_accum(recipe.data.batch_size, world, t.grad_accum, t.global_batch_size)
-    return recipe if accum == t.grad_accum else recipe.model_copy(update={"train": t.model_copy(update={"grad_accum": accum})})
+    if accum == t.grad_accum:
+        return recipe
+    return recipe.model_copy(update={"train": t.model_copy(update={"grad_accum": accum})})
 
 
 def reduces_on_host(backend: str) -> bool:
@@ -144,73 +201,107 @@ def reduces_on_host(backend: str) -> bool:
     return backend in ("xla-cpu", "eager")
 
 
-def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
-    from neurontrain.errors import UsageError
+@dataclass
+class _Buckets:
+    lengths: list[int] | None
+    mode: str
+    estimate: dict | None = None
 
+
+def _choose(recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, notes: list[str]) -> _Buckets:
+    """The recipe's data.buckets made concrete: fixed lengths, one maximum, the cost model's choice, or none."""
+    spec = recipe.data
+    longest = max(data.train_lengths + data.eval_lengths)
+    if spec.buckets == "dynamic":
+        notes.append("dynamic padding: one graph per distinct batch length (recompilation storm on XLA)")
+        return _Buckets(None, "dynamic")
+    if spec.buckets == "max":
+        return _Buckets([spec.max_length], "max")
+    if spec.buckets == "auto":
+        choice = choose_buckets(
+            data.train_lengths,
+            planned_batches=recipe.train.max_steps * recipe.train.grad_accum,
+            graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
+            cost=_cost_model(recipe, backend, dims),
+            max_buckets=spec.auto_buckets.max_buckets,
+            multiple=spec.pad_to_multiple_of,
+            max_length=spec.max_length,
+        )
+        buckets = list(choice.buckets)
+        if buckets[-1] < longest:
+            buckets.append(min(round_up(longest, spec.pad_to_multiple_of), spec.max_length))
+        estimate = {
+            "seconds": round(choice.estimated_seconds, 2),
+            "compile_seconds": round(choice.estimated_compile_seconds, 2),
+            "step_seconds": round(choice.estimated_step_seconds, 2),
+            "padding_fraction": round(choice.padding_fraction, 4),
+        }
+        return _Buckets(buckets, "auto", estimate)
+    if longest > spec.buckets[-1]:
+        # samples were cut to data.max_length; the largest bucket may be smaller than that
+        _truncate_to(data, spec.buckets[-1], spec.overlong)
+    return _Buckets(list(spec.buckets), "fixed")
+
+
+def _used_lengths(batcher: Batcher, recipe: Recipe, world: int, samples: int) -> list[int]:
+    try:
+        return batcher.used_lengths(recipe.train.max_steps * recipe.train.grad_accum)
+    except ValueError as exc:
+        if world > 1:
+            raise UsageError(
+                f"{samples} training samples make no global batch of {recipe.data.batch_size} x {world} workers = "
+                f"{recipe.data.batch_size * world} (with data.last_batch: drop); use fewer workers or a smaller "
+                "data.batch_size"
+            ) from None
+        raise UsageError(str(exc)) from None
+
+
+def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
     recipe = with_world(recipe, world)
     data = data or prepare_data(recipe)
-    if world > len(data.train_lengths):
-        raise UsageError(f"{world} workers but only {len(data.train_lengths)} training samples: every worker "
-                         "needs at least one sample a step")
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)
     spec = recipe.data
-    steps = recipe.train.max_steps * recipe.train.grad_accum
-    all_lengths = data.train_lengths + data.eval_lengths
-    longest = max(all_lengths)
     notes: list[str] = []
     if recipe.runtime.compiler_flags and backend != "neuron":
-        notes.append(f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
-                     f"runtime gets them where it is installed; {backend} never sees them")
-    estimate = None
-    if spec.buckets == "dynamic":
-        buckets, mode = None, "dynamic"
-        notes.append("dynamic padding: one graph per distinct batch length (recompilation storm on XLA)")
-    elif spec.buckets == "max":
-        buckets, mode = [spec.max_length], "max"
-    elif spec.buckets == "auto":
-        kinds = 1 + (1 if _has_eval(recipe, data) else 0)
-        choice = choose_buckets(
-            data.train_lengths, planned_batches=steps, graphs_per_bucket=kinds,
-            cost=_cost_model(recipe, backend, dims), max_buckets=spec.auto_buckets.max_buckets,
-            multiple=spec.pad_to_multiple_of, max_length=spec.max_length,
+        notes.append(
+            f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
+            f"runtime gets them where it is installed; {backend} never sees them"
         )
-        buckets, mode = list(choice.buckets), "auto"
-        if buckets[-1] < longest:
-            buckets.append(min(round_up(longest, spec.pad_to_multiple_of), spec.max_length))
-        estimate = {"seconds": round(choice.estimated_seconds, 2),
-                    "compile_seconds": round(choice.estimated_compile_seconds, 2),
-                    "step_seconds": round(choice.estimated_step_seconds, 2),
-                    "padding_fraction": round(choice.padding_fraction, 4)}
-    else:
-        buckets, mode = list(spec.buckets), "fixed"
-        if longest > buckets[-1]:
-            # samples were cut to data.max_length; the largest bucket may be smaller than that
-            _truncate_to(data, buckets[-1], spec.overlong)
-    planner = BatchPlanner(
-        lengths=tuple(data.train_lengths), batch_size=spec.batch_size * world,
-        buckets=tuple(buckets) if buckets else None, shuffle=spec.shuffle, seed=spec.seed,
-        drop_last=spec.last_batch == "drop", multiple=1 if mode == "dynamic" else spec.pad_to_multiple_of,
+    buckets = _choose(recipe, backend, data, dims, notes)
+    batcher = Batcher(
+        lengths=tuple(data.train_lengths),
+        batch_size=spec.batch_size * world,
+        buckets=tuple(buckets.lengths) if buckets.lengths else None,
+        shuffle=spec.shuffle,
+        seed=spec.seed,
+        drop_last=spec.last_batch == "drop",
+        multiple=1 if buckets.mode == "dynamic" else spec.pad_to_multiple_of,
     )
-    try:
-        used = planner.used_lengths(steps)
-    except ValueError as exc:
-        if world > 1:
-            raise UsageError(f"{len(data.train_lengths)} training samples make no global batch of "
-                             f"{spec.batch_size} x {world} workers = {spec.batch_size * world} "
-                             "(with data.last_batch: drop); use fewer workers or a smaller data.batch_size") from None
-        raise UsageError(str(exc)) from None
-    eval_batches = (
-        fixed_batches(data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets)
-        if _has_eval(recipe, data) else []
+    eval_batches = []
+    if _has_eval(recipe, data):
+        eval_batches = fixed_batches(
+            data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets.lengths
+        )
+    return RunPlan(
+        recipe=recipe,
+        backend=backend,
+        data=data,
+        config=config,
+        dims=dims,
+        buckets=buckets.lengths,
+        bucket_mode=buckets.mode,
+        batcher=batcher,
+        eval_batches=eval_batches,
+        train_lengths_used=_used_lengths(batcher, recipe, world, len(data.train_lengths)),
+        auto_estimate=buckets.estimate,
+        notes=notes,
+        world=world,
+        host_reduce=world > 1 and reduces_on_host(backend),
     )
-    return RunPlan(recipe, backend, data, config, dims, buckets, mode, planner, eval_batches, used, estimate, notes,
-                   world, world > 1 and reduces_on_host(backend))
 
 
 def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:
-    from neurontrain.errors import UsageError
-
     for split, rows in (("train", data.train_ids), ("eval", data.eval_ids)):
         for i, ids in enumerate(rows):
             if len(ids) > limit:

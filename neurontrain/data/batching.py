@@ -1,28 +1,29 @@
-"""Which samples go into which batch, at which padded length: a deterministic, resumable batch plan.
+"""Which samples go into which batch, at which padded length: a deterministic, resumable batch order.
 
-Pure logic: no torch. The plan of epoch e depends only on (lengths, settings, seed, e), so a run resumed at
-batch position p sees exactly the batches an uninterrupted run would have seen.
+Pure logic: no torch. The batches of epoch e depend only on (lengths, settings, seed, e), so a run resumed at
+batch position p sees exactly the batches an uninterrupted run would have seen. With several workers every
+batch here is a global one; each worker collates its own rows of it (`data/sharding.py`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
 
 from neurontrain.data.buckets import bucket_for, round_up
 
-BucketMode = Literal["buckets", "dynamic"]
-
 
 @dataclass(frozen=True)
-class PlannedBatch:
+class IndexBatch:
+    """One batch before collation: the samples' indices and the length they are padded to."""
+
     length: int
     indices: tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class BatchPlanner:
+class Batcher:
     lengths: tuple[int, ...]
     batch_size: int
     buckets: tuple[int, ...] | None  # None: dynamic padding to the longest sample of each batch
@@ -37,22 +38,22 @@ class BatchPlanner:
             out.pop()
         return out
 
-    def epoch(self, epoch: int) -> list[PlannedBatch]:
+    def epoch(self, epoch: int) -> list[IndexBatch]:
         rng = random.Random(f"{self.seed}:{epoch}")
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
-        batches: list[PlannedBatch] = []
+        batches: list[IndexBatch] = []
         if self.buckets is None:
             for chunk in self._chunks(order):
                 longest = max(self.lengths[i] for i in chunk)
-                batches.append(PlannedBatch(round_up(longest, self.multiple), chunk))
+                batches.append(IndexBatch(round_up(longest, self.multiple), chunk))
         else:
             groups: dict[int, list[int]] = {}
             for i in order:
                 groups.setdefault(bucket_for(self.lengths[i], self.buckets), []).append(i)
             for length in sorted(groups):
-                batches.extend(PlannedBatch(length, chunk) for chunk in self._chunks(groups[length]))
+                batches.extend(IndexBatch(length, chunk) for chunk in self._chunks(groups[length]))
             if self.shuffle:
                 rng.shuffle(batches)
         return batches
@@ -60,22 +61,20 @@ class BatchPlanner:
     def batches_per_epoch(self) -> int:
         return len(self.epoch(0))
 
-    def iterate(self, start: int = 0, rank: int = 0, world: int = 1) -> Iterator[PlannedBatch]:
-        """Endless stream of batches from global position `start`; worker `rank` of `world` takes every
-        world-th batch, so positions are counted in global batches."""
+    def iterate(self, start: int = 0) -> Iterator[IndexBatch]:
+        """Endless stream of batches from position `start` (counted in batches since the first epoch)."""
         if self.batches_per_epoch() == 0:
             raise ValueError("the data yields no batch (fewer samples than one batch with last_batch: drop)")
         position, epoch = 0, 0
         while True:
-            batches = self.epoch(epoch)
-            for batch in batches:
-                if position >= start and (position - start) % world == rank:
+            for batch in self.epoch(epoch):
+                if position >= start:
                     yield batch
                 position += 1
             epoch += 1
 
     def used_lengths(self, n_batches: int, start: int = 0) -> list[int]:
-        """Padded lengths of the next n_batches global batches, in order (graph discovery by construction)."""
+        """Padded lengths of the next n_batches batches, in order (graph discovery by construction)."""
         out = []
         for batch in self.iterate(start):
             if len(out) == n_batches:
@@ -86,9 +85,7 @@ class BatchPlanner:
 
 def fixed_batches(
     lengths: Sequence[int], batch_size: int, buckets: Sequence[int] | None, multiple: int = 1
-) -> list[PlannedBatch]:
+) -> list[IndexBatch]:
     """Evaluation batches: every sample exactly once, in order, grouped by bucket; partial batches kept."""
-    planner = BatchPlanner(
-        tuple(lengths), batch_size, tuple(buckets) if buckets else None, False, 0, False, multiple
-    )
-    return planner.epoch(0)
+    batcher = Batcher(tuple(lengths), batch_size, tuple(buckets) if buckets else None, False, 0, False, multiple)
+    return batcher.epoch(0)
