@@ -6,7 +6,7 @@ import torch
 from neurontrain.checkpoint import training as ckpt
 from neurontrain.checkpoint.rules import ShardingSpec, merge, shard, vocab_size_with_padding
 from neurontrain.errors import UsageError
-from neurontrain.loop.model import lr_factor
+from neurontrain.loop.optim import lr_factor
 
 
 def test_steps_to_prune_keeps_newest():

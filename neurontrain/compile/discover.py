@@ -22,7 +22,8 @@ from neurontrain.data.collate import Collator
 from neurontrain.data.batching import IndexBatch as PlannedBatch
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
-from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state
+from neurontrain.loop.model import build_model
+from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
 
 

@@ -1,15 +1,17 @@
-"""Model, optimizer and LR schedule from a recipe, shared by `run`, `--dry-run` and (later) `precompile`."""
+"""The model from a recipe: its config (checked value by value), its sizes, its weights, its inputs."""
 
 from __future__ import annotations
 
-import math
+import copy
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from neurontrain.data.collate import IGNORE_INDEX
-from neurontrain.errors import UsageError
+from neurontrain.errors import UsageError, first_line
 from neurontrain.recipe import Recipe
 
 
@@ -22,30 +24,99 @@ class ModelDims:
     is_encoder: bool
 
 
-def _auto_class(recipe: Recipe):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def _auto_class(recipe: Recipe) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # heavy: only when needed
 
     return AutoModelForCausalLM if recipe.task == "causal-lm" else AutoModelForSequenceClassification
 
 
+def _blame(keys: list[str], works_without: Callable[[set[str]], bool]) -> list[str]:
+    """The first key (else pair of keys) of `keys` whose values, left out, make the failing construction work:
+    a size that does not divide another is the two values together."""
+    for key in keys:
+        if works_without({key}):
+            return [key]
+    return next((list(pair) for pair in itertools.combinations(keys, 2) if works_without(set(pair))), [])
+
+
+def _where(keys: list[str], values: dict[str, Any]) -> str:
+    """`model.config.KEY: VALUE` for the keys to blame (or `model.config:` when none alone is)."""
+    named = " with ".join(f"model.config.{key}: {values[key]!r}" for key in keys)
+    return named or "model.config:"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):  # an unknown name (an activation function, a rope type): the message is the name
+        return f"unknown {first_line(exc)}"
+    return first_line(exc.__cause__ or exc)
+
+
+def _succeeds(build: Callable[[], Any]) -> bool:
+    try:
+        build()
+    except Exception:
+        return False
+    return True
+
+
+def _config_from_values(model_type: str, values: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **values)
+
+
+def _check_counts(model_type: str, values: dict[str, Any]) -> None:
+    """A negative count (layers, heads, sizes) builds an empty or broken model without an error: refuse it
+    where transformers' own default for the key is a positive integer."""
+    defaults = _config_from_values(model_type, {})
+    for key, value in values.items():
+        default = getattr(defaults, key, None)
+        positive_default = isinstance(default, int) and not isinstance(default, bool) and default > 0
+        if positive_default and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise UsageError(f"model.config.{key}: {value} must not be negative ({model_type}'s default is {default})")
+
+
+def _config_from_recipe(recipe: Recipe) -> Any:
+    """transformers' config class with the recipe's model.config values; a value it refuses is named."""
+    from transformers import CONFIG_MAPPING
+
+    values = dict(recipe.model.config)
+    model_type = values.pop("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise UsageError(f"model.config.model_type: {model_type!r} is not a model type transformers knows")
+    try:
+        config = _config_from_values(model_type, values)
+    except Exception as exc:
+
+        def works_without(keys: set[str]) -> bool:
+            return _succeeds(
+                lambda: _config_from_values(model_type, {k: v for k, v in values.items() if k not in keys})
+            )
+
+        where = _where(_blame(list(values), works_without), values)
+        raise UsageError(f"{where} is not a valid {model_type} config ({_reason(exc)})") from None
+    _check_counts(model_type, values)
+    return config
+
+
 def build_config(recipe: Recipe, tokenizer: Any | None) -> Any:
+    """The model's config: the recipe's model.config values through transformers' config class, or the
+    pretrained model's own config; sized to the tokenizer and the recipe's labels."""
     from transformers import AutoConfig
 
     spec = recipe.model
-    try:
-        if spec.config is not None:
-            kwargs = dict(spec.config)
-            model_type = kwargs.pop("model_type")
-            config = AutoConfig.for_model(model_type, **kwargs)
-            if tokenizer is not None and "vocab_size" not in kwargs:
-                config.vocab_size = len(tokenizer)
-        else:
+    if spec.config is not None:
+        config = _config_from_recipe(recipe)
+        given = spec.config.get("vocab_size")
+        if tokenizer is not None and "vocab_size" not in spec.config:
+            config.vocab_size = len(tokenizer)
+        elif tokenizer is not None and isinstance(given, int) and given < len(tokenizer):
+            raise UsageError(f"model.config.vocab_size: {given} is less than the tokenizer's {len(tokenizer)} tokens")
+    else:
+        try:
             config = AutoConfig.from_pretrained(spec.pretrained)
-    except UsageError:
-        raise
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot build the model config: {first}") from None
+        except Exception as exc:
+            raise UsageError(f"cannot build the model config: {first_line(exc)}") from None
     if recipe.task == "sequence-classification":
         config.num_labels = spec.num_labels
     if tokenizer is not None and getattr(config, "pad_token_id", None) is None:
@@ -53,10 +124,34 @@ def build_config(recipe: Recipe, tokenizer: Any | None) -> Any:
     return config
 
 
-def model_dims(recipe: Recipe, config: Any) -> ModelDims:
-    """Sizes for the cost model, from a model built on the meta device (no memory, no weights)."""
+def _meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     with torch.device("meta"):
-        model = _auto_class(recipe).from_config(config)
+        return _auto_class(recipe).from_config(config)
+
+
+def meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
+    """The model built on the meta device (shapes only: no memory, no weights). A config value that cannot
+    build it (a negative size, heads that do not divide the hidden size, an unknown activation) is a
+    UsageError naming its model.config key."""
+    try:
+        return _meta_model(recipe, config)
+    except Exception as exc:
+        values = {k: v for k, v in (recipe.model.config or {}).items() if k != "model_type"}
+        defaults = type(config)()
+
+        def works_without(keys: set[str]) -> bool:
+            trial = copy.deepcopy(config)
+            for key in keys:
+                setattr(trial, key, getattr(defaults, key, None))
+            return _succeeds(lambda: _meta_model(recipe, trial))
+
+        where = _where(_blame(list(values), works_without), values)
+        raise UsageError(f"{where} cannot build the {config.model_type} model ({_reason(exc)})") from None
+
+
+def model_dims(recipe: Recipe, config: Any) -> ModelDims:
+    """Sizes for the cost model, from the model built on the meta device (no memory, no weights)."""
+    model = meta_model(recipe, config)
     n_params = sum(p.numel() for p in model.parameters())
     return ModelDims(
         model_type=config.model_type,
@@ -78,59 +173,9 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
         else:
             model = cls.from_config(config, attn_implementation=spec.attn_implementation)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot build model: {first}") from None
+        raise UsageError(f"cannot build model: {first_line(exc)}") from None
     model.train()
     return model
-
-
-def build_optimizer(recipe: Recipe, model: torch.nn.Module) -> torch.optim.Optimizer:
-    spec = recipe.train.optimizer
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=spec.eps)
-
-
-def lr_factor(step: int, max_steps: int, kind: str, warmup: int, min_ratio: float) -> float:
-    """LR multiplier for 0-based `step`. Never exactly 0: on XLA the scalars 0 and 1 are baked into the graph
-    as constants, so an LR of 0 at one step would compile a graph of its own."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    if kind == "constant":
-        return 1.0
-    progress = (step - warmup) / max(1, max_steps - warmup)
-    if kind == "linear":
-        return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    s, total = recipe.train.schedule, recipe.train.max_steps
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total, s.kind, s.warmup_steps, s.min_lr_ratio)
-    )
-
-
-def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW state and gradient buffers before step 1, as AdamW itself would on its first step.
-
-    AdamW creates its state lazily; on XLA that makes the first step a graph of its own. Creating it here
-    (then one sync) lets the first step share its bucket's graph with every later step.
-    """
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            state = optimizer.state[param]
-            if not state:
-                state["step"] = torch.tensor(0.0, dtype=torch.get_default_dtype())
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                if group.get("amsgrad"):
-                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
 def model_inputs(batch: dict, dims: ModelDims, dtype: torch.dtype) -> dict:

@@ -21,7 +21,8 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, write_summary
 from neurontrain.loop import steps
-from neurontrain.loop.model import build_model, build_optimizer, build_scheduler, materialize_optimizer_state
+from neurontrain.loop.model import build_model
+from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
 
 

@@ -1,0 +1,59 @@
+"""AdamW and its learning-rate schedule from a recipe, and AdamW's state created before the first step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from neurontrain.recipe import Recipe
+
+
+def build_optimizer(recipe: Recipe, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (biases and norms: none)."""
+    spec = recipe.train.optimizer
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=spec.eps)
+
+
+def lr_factor(step: int, max_steps: int, kind: str, warmup: int, min_ratio: float) -> float:
+    """LR multiplier for 0-based `step`. Never exactly 0: on XLA the scalars 0 and 1 are baked into the graph
+    as constants, so an LR of 0 at one step would compile a graph of its own."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if kind == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, max_steps - warmup)
+    if kind == "linear":
+        return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    s, total = recipe.train.schedule, recipe.train.max_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total, s.kind, s.warmup_steps, s.min_lr_ratio)
+    )
+
+
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW state and gradient buffers before step 1, as AdamW itself would on its first step.
+
+    AdamW creates its state lazily; on XLA that makes the first step a graph of its own. Creating it here
+    (then one sync) lets the first step share its bucket's graph with every later step.
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            state = optimizer.state[param]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.get_default_dtype())
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
