@@ -313,7 +313,7 @@ def test_older_layout_and_xser_form_are_readable(tmp_path):
 
 def test_toolkit_training_checkpoint_with_optimizer(tmp_path, recipes):
     """A checkpoint as `neurontrain run` writes it (AdamW grouped by weight decay, indices without names)."""
-    from neurontrain.checkpoint.training import save_checkpoint
+    from neurontrain.loop.checkpoints import save_checkpoint
     from neurontrain.loop.model import build_model
     from neurontrain.loop.optim import build_optimizer, materialize_optimizer_state
     from neurontrain.loop.planning import make_plan

@@ -114,7 +114,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrup
 
 KILL_DURING_CHECKPOINT_WRITE = """
 import os, signal, sys
-import neurontrain.checkpoint.training as training
+import neurontrain.loop.checkpoints as training
 real_fsync = training._fsync_path
 def fsync_then_die(path):
     real_fsync(path)

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from neurontrain.backend import Backend
-from neurontrain.checkpoint import training as ckpt
+from neurontrain.loop import checkpoints as ckpt
 from neurontrain.compile.runtime_cache import extraction_mode
 from neurontrain.data.collate import Collator
 from neurontrain.errors import UsageError

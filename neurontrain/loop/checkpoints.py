@@ -11,8 +11,11 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import torch
 
 MARKER = "COMPLETE"
 STATE_FILE = "state.pt"
@@ -31,6 +34,7 @@ def steps_to_prune(steps: list[int], keep: int) -> list[int]:
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint under `root` with its marker and state, oldest first."""
     if not root.is_dir():
         return []
     found = []
@@ -42,6 +46,7 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
     found = complete_checkpoints(root)
     return found[-1][1] if found else None
 
@@ -66,9 +71,16 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: Path, step: int, state: dict, meta: dict, keep: int,
-                    save_fn: Callable[[Any, str], None], is_master: bool = True,
-                    all_ranks_save: bool = True) -> Path | None:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    state: dict,
+    meta: dict,
+    keep: int,
+    save_fn: Callable[[Any, str], None],
+    is_master: bool = True,
+    all_ranks_save: bool = True,
+) -> Path | None:
     """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically.
     all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -100,8 +112,7 @@ def save_checkpoint(root: Path, step: int, state: dict, meta: dict, keep: int,
 
 
 def load_checkpoint(path: Path) -> tuple[dict, dict]:
-    import torch
-
+    """(state, meta) of a complete checkpoint directory, tensors on the CPU."""
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     meta = json.loads((path / META_FILE).read_text())
     return state, meta
