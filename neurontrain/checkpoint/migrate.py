@@ -12,26 +12,37 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
 
 from neurontrain.checkpoint.formats import TensorSource, open_gpu_checkpoint
-from neurontrain.checkpoint.nxd import (SPEC_FILE, NxdReader, fused_groups, is_nxd_checkpoint, rank_file,
-                                        rank_tensors, stage_names)
+from neurontrain.checkpoint.nxd import (
+    SPEC_FILE,
+    NxdReader,
+    fused_groups,
+    is_nxd_checkpoint,
+    rank_file,
+    rank_tensors,
+    stage_names,
+)
 from neurontrain.checkpoint.rules import ShardingSpec, vocab_size_with_padding
 from neurontrain.errors import UsageError
+from neurontrain.loop.checkpoints import latest_checkpoint
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MigrateOptions:
-    to: str                      # neuron | gpu
+    to: str  # neuron | gpu
     tp: int | None = None
     pp: int | None = None
     dtype: str | None = None
@@ -42,6 +53,21 @@ class MigrateOptions:
     max_shard_bytes: int = 2 << 30
     pad_vocab_multiple: int | None = None  # --to neuron: pad the vocabulary to a multiple of this and of TP
 
+    def __post_init__(self) -> None:
+        if self.to not in ("neuron", "gpu"):
+            raise UsageError("--to must be neuron or gpu")
+        for flag, value in (("--tp", self.tp), ("--pp", self.pp)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+        if self.max_shard_bytes < 1:
+            raise UsageError("--max-shard-size must be at least 1 (MiB)")
+        if self.pad_vocab_multiple is not None and self.pad_vocab_multiple < 1:
+            raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
+        if self.pad_vocab_multiple is not None and self.to != "neuron":
+            raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
+
 
 def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
     """Any supported checkpoint, as full tensors under Hugging Face names."""
@@ -49,11 +75,9 @@ def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
         raise UsageError(f"{path} does not exist")
     if is_nxd_checkpoint(path):
         return NxdReader(path)
-    if path.is_dir() and (path / "state.pt").is_file():           # a toolkit training checkpoint
+    if path.is_dir() and (path / "state.pt").is_file():  # a toolkit training checkpoint
         return open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
-    if path.is_dir() and (path / "checkpoints").is_dir():           # a run's output directory: its newest checkpoint
-        from neurontrain.checkpoint.training import latest_checkpoint
-
+    if path.is_dir() and (path / "checkpoints").is_dir():  # a run's output directory: its newest checkpoint
         latest = latest_checkpoint(path / "checkpoints")
         if latest is None:
             raise UsageError(f"{path}/checkpoints holds no complete checkpoint")
@@ -68,11 +92,20 @@ def _toolkit_config(checkpoint_dir: Path) -> Path | None:
     return None
 
 
-def spec_from_config(config: dict | None, names: list[str], tp: int, pp: int, fuse_qkv: bool,
-                     dtype: str | None, pad_vocab_multiple: int | None = None) -> ShardingSpec:
+def spec_from_config(
+    config: dict | None,
+    names: list[str],
+    tp: int,
+    pp: int,
+    fuse_qkv: bool,
+    dtype: str | None,
+    pad_vocab_multiple: int | None = None,
+) -> ShardingSpec:
     if config is None:
-        raise UsageError("no model config.json found beside the checkpoint: pass --config with the Hugging Face "
-                         "config (a directory or a config.json)")
+        raise UsageError(
+            "no model config.json found beside the checkpoint: pass --config with the Hugging Face "
+            "config (a directory or a config.json)"
+        )
     family = config.get("model_type", "")
     heads = config.get("num_attention_heads")
     if not heads or "hidden_size" not in config:
@@ -80,12 +113,25 @@ def spec_from_config(config: dict | None, names: list[str], tp: int, pp: int, fu
     kv = config.get("num_key_value_heads") or heads
     layers = config.get("num_hidden_layers", 0)
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    tied = bool(config.get("tie_word_embeddings", family != "bert")) and not any(n.endswith("lm_head.weight")
-                                                                                for n in names)
+    tied = bool(config.get("tie_word_embeddings", family != "bert")) and not any(
+        n.endswith("lm_head.weight") for n in names
+    )
     vocab = config.get("vocab_size") or 0
-    spec = ShardingSpec(family=family, tp=tp, pp=pp, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-                        head_dim=head_dim, vocab_size=vocab, fuse_qkv=fuse_qkv, tied_embeddings=tied, dtype=dtype,
-                        names=list(names), padded_vocab_size=vocab_size_with_padding(vocab, tp, pad_vocab_multiple))
+    spec = ShardingSpec(
+        family=family,
+        tp=tp,
+        pp=pp,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        fuse_qkv=fuse_qkv,
+        tied_embeddings=tied,
+        dtype=dtype,
+        names=list(names),
+        padded_vocab_size=vocab_size_with_padding(vocab, tp, pad_vocab_multiple),
+    )
     spec.validate()
     return spec
 
@@ -117,29 +163,23 @@ def _cast(dtype: str | None):
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(target) if target is not None and t.is_floating_point() else t
+
     return cast
 
 
 def tqdm_iter(items: list, desc: str):
-    import sys
-
-    from tqdm import tqdm
-
     return tqdm(items, desc=desc, unit="tensor", disable=None, file=sys.stderr)
 
 
 def _progress(total: int, desc: str):
-    import sys
-
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="file", disable=None, file=sys.stderr)
 
 
 def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     names = source.keys()
-    spec = spec_from_config(source.config, names, opts.tp or 1, opts.pp or 1, opts.fuse_qkv, opts.dtype,
-                            opts.pad_vocab_multiple)
+    spec = spec_from_config(
+        source.config, names, opts.tp or 1, opts.pp or 1, opts.fuse_qkv, opts.dtype, opts.pad_vocab_multiple
+    )
     optimizer = source.optimizer_state() if opts.with_optimizer else None
     if opts.with_optimizer and optimizer is None:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
@@ -164,18 +204,32 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         (out / "done").touch()
-    return {"to": "neuron", "tp": spec.tp, "pp": spec.pp, "files": files, "tensors": len(names),
-            "optimizer": optimizer is not None, "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
-            "destination": str(dest)}
+    return {
+        "to": "neuron",
+        "tp": spec.tp,
+        "pp": spec.pp,
+        "files": files,
+        "tensors": len(names),
+        "optimizer": optimizer is not None,
+        "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
+        "destination": str(dest),
+    }
 
 
 def _padding_report(spec: ShardingSpec, multiple: int | None) -> dict | None:
     if not spec.vocab_padding:
         return None
-    reason = (f"--pad-vocab-to-multiple-of {multiple} with --tp {spec.tp}" if multiple
-              else f"--tp {spec.tp} does not divide {spec.vocab_size} (automatic)")
-    return {"vocab_size": spec.vocab_size, "padded_vocab_size": spec.vocab_rows, "zero_rows": spec.vocab_padding,
-            "reason": reason}
+    reason = (
+        f"--pad-vocab-to-multiple-of {multiple} with --tp {spec.tp}"
+        if multiple
+        else f"--tp {spec.tp} does not divide {spec.vocab_size} (automatic)"
+    )
+    return {
+        "vocab_size": spec.vocab_size,
+        "padded_vocab_size": spec.vocab_rows,
+        "zero_rows": spec.vocab_padding,
+        "reason": reason,
+    }
 
 
 def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: int) -> dict:
@@ -184,18 +238,54 @@ def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: 
         raise UsageError(f"optimizer state lacks parameter {missing[0]}")
     out = {}
     for moment in ("exp_avg", "exp_avg_sq"):
-        for target, tensor in rank_tensors(spec, lambda n: optimizer[n][moment], names, tp, lambda t: t).items():
+        for target, tensor in rank_tensors(
+            spec, lambda n, moment=moment: optimizer[n][moment], names, tp, lambda t: t
+        ).items():
             out.setdefault(target, {})[moment] = tensor
     for target, members in fused_groups(spec, names).items():
         out[target]["step"] = torch.as_tensor(optimizer[members[0][0]].get("step", 0.0)).clone()
     return out
 
 
+def _write_safetensors(source: TensorSource, names: list[str], cast, out: Path, max_shard_bytes: int) -> int:
+    """The tensors as model.safetensors, or model-0000i-of-0000n.safetensors with an index above
+    max_shard_bytes; returns the number of files."""
+    # one read per tensor: a file is written as soon as the next tensor would overflow it, under a
+    # numbered temporary name; the final names (model-0000i-of-0000n) are known at the end
+    weight_map: dict[str, int] = {}
+    sizes: list[int] = []
+    pending: dict[str, torch.Tensor] = {}
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        save_file(pending, str(out / f".part-{len(sizes):05d}"), metadata={"format": "pt"})
+        weight_map.update({n: len(sizes) for n in pending})
+        sizes.append(pending_bytes)
+        pending, pending_bytes = {}, 0
+
+    for name in tqdm_iter(names, "migrate"):
+        tensor = cast(source.get(name)).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if pending and pending_bytes + nbytes > max_shard_bytes:
+            flush()
+        pending[name] = tensor
+        pending_bytes += nbytes
+    if pending:
+        flush()
+    n = len(sizes)
+    final = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    for i, fname in enumerate(final):
+        os.rename(out / f".part-{i:05d}", out / fname)
+    if n > 1:
+        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": {k: final[v] for k, v in weight_map.items()}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return n
+
+
 def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     """Hugging Face safetensors (sharded with an index above max_shard_bytes), config.json, and with
     --with-optimizer an optimizer.pt whose param_groups carry the parameter names."""
-    from safetensors.torch import save_file
-
     if isinstance(source, NxdReader):
         if opts.tp is not None and opts.tp != source.spec.tp:
             raise UsageError(f"--tp {opts.tp} does not match the checkpoint, which is sharded tp {source.spec.tp}")
@@ -204,61 +294,30 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     optimizer = source.optimizer_state() if opts.with_optimizer else None
     if opts.with_optimizer and optimizer is None:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
-    cast = _cast(opts.dtype)
     names = source.keys()
-    weight_map: dict[str, int] = {}
-    sizes: list[int] = []
     with staged_destination(dest, opts.overwrite) as out:
-        # one read per tensor: a file is written as soon as the next tensor would overflow it, under a
-        # numbered temporary name; the final names (model-0000i-of-0000n) are known at the end
-        pending: dict[str, torch.Tensor] = {}
-        pending_bytes = 0
-
-        def flush() -> None:
-            nonlocal pending, pending_bytes
-            save_file(pending, str(out / f".part-{len(sizes):05d}"), metadata={"format": "pt"})
-            weight_map.update({n: len(sizes) for n in pending})
-            sizes.append(pending_bytes)
-            pending, pending_bytes = {}, 0
-
-        for name in tqdm_iter(names, "migrate"):
-            tensor = cast(source.get(name)).contiguous()
-            nbytes = tensor.numel() * tensor.element_size()
-            if pending and pending_bytes + nbytes > opts.max_shard_bytes:
-                flush()
-            pending[name] = tensor
-            pending_bytes += nbytes
-        if pending:
-            flush()
-        n = len(sizes)
-        final = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-        for i, fname in enumerate(final):
-            os.rename(out / f".part-{i:05d}", out / fname)
-        if n > 1:
-            (out / "model.safetensors.index.json").write_text(json.dumps(
-                {"metadata": {"total_size": sum(sizes)}, "weight_map": {k: final[v] for k, v in weight_map.items()}},
-                indent=2))
+        files = _write_safetensors(source, names, _cast(opts.dtype), out, opts.max_shard_bytes)
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         if optimizer is not None:
             ordered = [n for n in names if n in optimizer]
-            torch.save({"state": {i: optimizer[n] for i, n in enumerate(ordered)},
-                        "param_groups": [{"params": list(range(len(ordered))), "param_names": ordered}]},
-                       out / "optimizer.pt")
+            state = {
+                "state": {i: optimizer[n] for i, n in enumerate(ordered)},
+                "param_groups": [{"params": list(range(len(ordered))), "param_names": ordered}],
+            }
+            torch.save(state, out / "optimizer.pt")
     stripped = source.spec.vocab_padding if isinstance(source, NxdReader) else 0
-    return {"to": "gpu", "files": len(sizes), "tensors": len(names), "optimizer": optimizer is not None,
-            "vocab_padding_stripped": stripped, "destination": str(dest)}
+    return {
+        "to": "gpu",
+        "files": files,
+        "tensors": len(names),
+        "optimizer": optimizer is not None,
+        "vocab_padding_stripped": stripped,
+        "destination": str(dest),
+    }
 
 
 def migrate(src: Path, dest: Path, opts: MigrateOptions) -> dict:
-    if opts.to not in ("neuron", "gpu"):
-        raise UsageError("--to must be neuron or gpu")
-    if opts.dtype is not None and opts.dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
-    if opts.pad_vocab_multiple is not None and opts.pad_vocab_multiple < 1:
-        raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
-    if opts.pad_vocab_multiple is not None and opts.to != "neuron":
-        raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
     if dest.resolve() == src.resolve():
         raise UsageError("the destination is the source")
     source = open_checkpoint(src, opts.config)

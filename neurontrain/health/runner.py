@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,14 +21,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neurontrain.backend import resolve_backend_name
 from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
-from neurontrain.health.parsers import OPS, parse_neuron_ls, parse_nccom_test, read_ecc, verdict
+from neurontrain.health.parsers import OPS, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
 
 STALL_SECONDS = 3.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HealthOptions:
     nproc_per_node: int = 2
     nnodes: int = 1
@@ -42,12 +44,26 @@ class HealthOptions:
     min_busbw_gibps: float | None = None
     work_dir: Path | None = None
     neuron_tools: bool | None = None  # None: when neuron-ls is on PATH
-    hosts: list[str] | None = None    # every node's address, node 0 first: nccom-test's MPI mode
+    hosts: list[str] | None = None  # every node's address, node 0 first: nccom-test's MPI mode
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--nproc-per-node", self.nproc_per_node),
+            ("--nnodes", self.nnodes),
+            ("--iters", self.iters),
+        ):
+            if value < 1:
+                raise UsageError(f"{flag} must be at least 1")
+        if self.timeout <= 0:
+            raise UsageError("--timeout must be positive")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError("--node-rank must be between 0 and --nnodes - 1")
+        for size in self.sizes:
+            if size < 4:
+                raise UsageError(f"size {size} in --sizes is below 4 bytes")
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -55,8 +71,6 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 def nccom_plan(opts: HealthOptions) -> NccomMode:
     """How this node runs nccom-test (bad input raises before any worker starts)."""
-    import socket
-
     mode = nccom_mode(opts.nnodes, opts.node_rank, opts.hosts, opts.master_addr, os.environ.get("SLURM_JOB_ID"))
     if mode.kind != "mpi":
         return mode
@@ -103,42 +117,31 @@ def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
         time.sleep(0.05)
 
 
-def run_health(opts: HealthOptions) -> dict:
-    start = time.time()
-    neuron = opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls") is not None)
-    mode = nccom_plan(opts) if neuron else None
-    work = Path(opts.work_dir or tempfile.mkdtemp(prefix="neurontrain-health-"))
-    work.mkdir(parents=True, exist_ok=True)
-    for old in work.glob("rank*.json"):
-        old.unlink()
-    world = opts.nproc_per_node * opts.nnodes
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}",
-           f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}", f"--master-addr={opts.master_addr}",
-           f"--master-port={opts.master_port or _free_port()}", "--max-restarts=0", "--monitor-interval=0.2",
-           "-m", "neurontrain.health.worker", "--work-dir", str(work), "--sizes", ",".join(map(str, opts.sizes)),
-           "--iters", str(opts.iters), "--timeout", str(opts.timeout), "--backend", opts.backend]
+def _torchrun_command(opts: HealthOptions, work: Path) -> list[str]:
+    """torchrun starting this node's health workers."""
+    torchrun = [f"--nproc-per-node={opts.nproc_per_node}", f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}"]
+    torchrun += [f"--master-addr={opts.master_addr}", f"--master-port={opts.master_port or _free_port()}"]
+    torchrun += ["--max-restarts=0", "--monitor-interval=0.2"]
+    worker = ["--work-dir", str(work), "--sizes", ",".join(map(str, opts.sizes)), "--iters", str(opts.iters)]
+    worker += ["--timeout", str(opts.timeout), "--backend", opts.backend]
+    if opts.expect_devices is not None:
+        worker += ["--expect-devices", str(opts.expect_devices)]
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "neurontrain.health.worker", *worker]
+
+
+def _start_node_check(opts: HealthOptions, work: Path) -> subprocess.Popen:
+    """The one process that checks the device the node's XLA:CPU workers share (the host)."""
+    cmd = [sys.executable, "-m", "neurontrain.health.worker", "--node-device", str(work / "device.json")]
+    cmd += ["--backend", opts.backend]
     if opts.expect_devices is not None:
         cmd += ["--expect-devices", str(opts.expect_devices)]
-    from neurontrain.backend import resolve_backend_name
+    (work / "device.json").unlink(missing_ok=True)
+    device_log = open(work / "device.log", "wb")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=device_log, start_new_session=True)
 
-    # Workers on XLA:CPU share one device, the host: it is checked once, by a process started beside the
-    # launcher (so its torch-xla start-up overlaps the launch). Neuron and GPU workers check their own device.
-    node_check = None
-    if resolve_backend_name(opts.backend) in ("xla-cpu", "eager"):
-        cmd.append("--skip-device")
-        node_cmd = [sys.executable, "-m", "neurontrain.health.worker", "--node-device", str(work / "device.json"),
-                    "--backend", opts.backend]
-        if opts.expect_devices is not None:
-            node_cmd += ["--expect-devices", str(opts.expect_devices)]
-        (work / "device.json").unlink(missing_ok=True)
-        node_check = subprocess.Popen(node_cmd, stdout=subprocess.DEVNULL, stderr=open(work / "device.log", "wb"),
-                                      start_new_session=True)
-    log = open(work / "torchrun.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    local = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
-    stalled, timed_out = _watch(proc, work, local, start + opts.timeout)
-    reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
+
+def _settle_states(reports: dict[int, dict], stalled: dict[int, str], timed_out: bool) -> None:
+    """A worker still "running" after the watch: stalled (died, hung), dead, hung at the deadline, or interrupted."""
     for rank, rep in reports.items():
         if rep.get("state") != "running":
             continue  # done, failed (an error it raised), or terminated (stopped by the launcher)
@@ -148,17 +151,56 @@ def run_health(opts: HealthOptions) -> dict:
             rep["state"] = "died"
         else:
             rep["state"] = "hung" if timed_out else "interrupted"
+
+
+def _device_problems(device: dict | None, local: range) -> list[dict]:
+    if device is None:
+        return []
+    where = f"node (local ranks {local.start}-{local.stop - 1})"
+    return [
+        {"rank": where, "host": device.get("host", "?"), "check": c["check"], "problem": c.get("problem", "failed")}
+        for c in device.get("results", [])
+        if not c.get("ok")
+    ]
+
+
+def run_health(opts: HealthOptions) -> dict:
+    start = time.time()
+    neuron = opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls") is not None)
+    mode = nccom_plan(opts) if neuron else None
+    work = Path(opts.work_dir or tempfile.mkdtemp(prefix="neurontrain-health-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for old in work.glob("rank*.json"):
+        old.unlink()
+    cmd = _torchrun_command(opts, work)
+    # Workers on XLA:CPU share one device, the host: it is checked once, by a process started beside the
+    # launcher (so its torch-xla start-up overlaps the launch). Neuron and GPU workers check their own device.
+    node_check = None
+    if resolve_backend_name(opts.backend) in ("xla-cpu", "eager"):
+        cmd.append("--skip-device")
+        node_check = _start_node_check(opts, work)
+    log = open(work / "torchrun.log", "wb")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    local = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
+    stalled, timed_out = _watch(proc, work, local, start + opts.timeout)
+    reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
+    _settle_states(reports, stalled, timed_out)
     _kill_all(proc, [rep["pid"] for rep in reports.values()])
     log.close()
     device = _finish_node_check(node_check, work, start + opts.timeout)
-    bad = verdict({r: reports.get(r) for r in local}, local)
-    if device is not None:
-        bad += [{"rank": f"node (local ranks {local.start}-{local.stop - 1})", "host": device.get("host", "?"),
-                 "check": c["check"], "problem": c.get("problem", "failed")}
-                for c in device.get("results", []) if not c.get("ok")]
-    result = {"started_at": start, "world_size": world, "local_ranks": list(local), "timeout_seconds": opts.timeout,
-              "timed_out": timed_out, "wall_seconds": round(time.time() - start, 2), "ranks": reports,
-              "collectives": _collective_table(reports), "bad_ranks": bad, "node_device": device}
+    result = {
+        "started_at": start,
+        "world_size": opts.nproc_per_node * opts.nnodes,
+        "local_ranks": list(local),
+        "timeout_seconds": opts.timeout,
+        "timed_out": timed_out,
+        "wall_seconds": round(time.time() - start, 2),
+        "ranks": reports,
+        "collectives": _collective_table(reports),
+        "bad_ranks": verdict({r: reports.get(r) for r in local}, local) + _device_problems(device, local),
+        "node_device": device,
+    }
     return _conclude(result, opts, reports, local, mode)
 
 
@@ -196,18 +238,31 @@ def _conclude(result: dict, opts: HealthOptions, reports: dict, local: range, mo
     """Thresholds, the Neuron tools' checks, and the verdict."""
     bad = result["bad_ranks"]
     if opts.min_busbw_gibps is not None:
-        slow = [c for c in result["collectives"] if c["busbw_gibps"] < opts.min_busbw_gibps
-                and c["size_bytes"] >= max(opts.sizes)]
+        slow = [
+            c
+            for c in result["collectives"]
+            if c["busbw_gibps"] < opts.min_busbw_gibps and c["size_bytes"] >= max(opts.sizes)
+        ]
         result["below_threshold"] = slow
     if mode is not None:
         result["neuron"] = neuron_checks(opts, result["world_size"], mode)
-        bad += [{"rank": f"node {opts.node_rank}", "host": os.uname().nodename, "check": check, "problem": problem}
-                for check, problem in result["neuron"]["problems"]]
-    result["ok"] = not bad and not result.get("below_threshold") and result.get("neuron", {}).get("ok", True) \
-        and all(rep.get("state") == "done" for rep in reports.values()) and len(reports) == len(local)
+        bad += [
+            {"rank": f"node {opts.node_rank}", "host": os.uname().nodename, "check": check, "problem": problem}
+            for check, problem in result["neuron"]["problems"]
+        ]
+    result["ok"] = (
+        not bad
+        and not result.get("below_threshold")
+        and result.get("neuron", {}).get("ok", True)
+        and all(rep.get("state") == "done" for rep in reports.values())
+        and len(reports) == len(local)
+    )
     if not result["ok"] and not bad and not result.get("below_threshold"):
-        result["bad_ranks"] = [{"rank": r, "host": "?", "check": "-", "problem": "did not finish"}
-                               for r in local if reports.get(r, {}).get("state") != "done"]
+        result["bad_ranks"] = [
+            {"rank": r, "host": "?", "check": "-", "problem": "did not finish"}
+            for r in local
+            if reports.get(r, {}).get("state") != "done"
+        ]
     return result
 
 
@@ -222,8 +277,15 @@ def _finish_node_check(node_check: subprocess.Popen | None, work: Path, deadline
         return {"results": [{"check": "device checks", "ok": False, "problem": "did not finish in time"}]}
     report = _read(work / "device.json")
     if report is None:
-        return {"results": [{"check": "device checks", "ok": False,
-                             "problem": f"device check process exited {node_check.returncode} without a report"}]}
+        return {
+            "results": [
+                {
+                    "check": "device checks",
+                    "ok": False,
+                    "problem": f"device check process exited {node_check.returncode} without a report",
+                }
+            ]
+        }
     return report
 
 
@@ -250,8 +312,12 @@ def neuron_checks(opts: HealthOptions, world: int, mode: NccomMode) -> dict:
         out["neuron_ls"] = {"error": str(exc)}
         out["problems"].append(("neuron-ls", str(exc)))
     out["ecc"] = read_ecc()
-    out["problems"] += [("ECC", f"{device}: {name} = {v}") for device, counters in out["ecc"].items()
-                        for name, v in counters.items() if v > 0]
+    out["problems"] += [
+        ("ECC", f"{device}: {name} = {v}")
+        for device, counters in out["ecc"].items()
+        for name, v in counters.items()
+        if v > 0
+    ]
     out["nccom_test"] = {"mode": mode.kind}
     if mode.kind == "skip":
         out["nccom_test"]["note"] = "node 0 runs nccom-test across all nodes"
@@ -276,21 +342,28 @@ def neuron_checks(opts: HealthOptions, world: int, mode: NccomMode) -> dict:
 def format_table(result: dict) -> str:
     lines = [f"{'collective':<16} {'size(B)':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"]
     for c in result["collectives"]:
-        lines.append(f"{c['op']:<16} {c['size_bytes']:>10} {c['time_us']:>10.1f} {c['algbw_gibps']:>12.4f} "
-                     f"{c['busbw_gibps']:>12.4f}")
+        lines.append(
+            f"{c['op']:<16} {c['size_bytes']:>10} {c['time_us']:>10.1f} {c['algbw_gibps']:>12.4f} "
+            f"{c['busbw_gibps']:>12.4f}"
+        )
     for rank, rep in sorted(result["ranks"].items()):
         device = [c for c in rep.get("results", []) if c["check"].startswith("device")]
-        lines.append(f"rank {rank} ({rep.get('host')}): {rep.get('state')}; device checks "
-                     + (f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok" if device else
-                        rep.get("device", "none")))
+        lines.append(
+            f"rank {rank} ({rep.get('host')}): {rep.get('state')}; device checks "
+            + (f"{sum(1 for c in device if c.get('ok'))}/{len(device)} ok" if device else rep.get("device", "none"))
+        )
     if result.get("node_device"):
         checks = result["node_device"].get("results", [])
-        lines.append(f"node device ({result['node_device'].get('host', '?')}, shared by the local workers): "
-                     f"{sum(1 for c in checks if c.get('ok'))}/{len(checks)} checks ok")
+        lines.append(
+            f"node device ({result['node_device'].get('host', '?')}, shared by the local workers): "
+            f"{sum(1 for c in checks if c.get('ok'))}/{len(checks)} checks ok"
+        )
     for op, run in (result.get("neuron") or {}).get("nccom_test", {}).items():
         if isinstance(run, dict):
-            lines.append(f"nccom-test {op}: {len(run.get('rows', []))} sizes, avg busbw {run.get('avg_busbw_gibps')} GB/s"
-                         f" {'ok' if run.get('ok') else 'FAILED: ' + '; '.join(run.get('failures', [])[:2])}")
+            lines.append(
+                f"nccom-test {op}: {len(run.get('rows', []))} sizes, avg busbw {run.get('avg_busbw_gibps')} GB/s"
+                f" {'ok' if run.get('ok') else 'FAILED: ' + '; '.join(run.get('failures', [])[:2])}"
+            )
     for bad in result["bad_ranks"]:
         lines.append(f"BAD rank {bad['rank']} on {bad['host']}: {bad['problem']} in {bad['check']}")
     for slow in result.get("below_threshold", []):

@@ -29,18 +29,42 @@ NO_XLA_TRAINING = {"2.30.0"}
 DEFAULT_SDK = "2.29.1"
 
 ACCOUNTS = {
-    "us-east-1": "763104351884", "us-east-2": "763104351884", "us-west-1": "763104351884",
-    "us-west-2": "763104351884", "af-south-1": "626614931356", "ap-east-1": "871362719292",
-    "ap-east-2": "975050140332", "ap-south-1": "763104351884", "ap-south-2": "772153158452",
-    "ap-southeast-1": "763104351884", "ap-southeast-2": "763104351884", "ap-southeast-3": "907027046896",
-    "ap-southeast-4": "457447274322", "ap-southeast-5": "550225433462", "ap-southeast-6": "633930458069",
-    "ap-southeast-7": "590183813437", "ap-northeast-1": "763104351884", "ap-northeast-2": "763104351884",
-    "ap-northeast-3": "364406365360", "ca-central-1": "763104351884", "ca-west-1": "204538143572",
-    "eu-central-1": "763104351884", "eu-central-2": "380420809688", "eu-west-1": "763104351884",
-    "eu-west-2": "763104351884", "eu-west-3": "763104351884", "eu-south-1": "692866216735",
-    "eu-south-2": "503227376785", "eu-north-1": "763104351884", "il-central-1": "780543022126",
-    "mx-central-1": "637423239942", "me-south-1": "217643126080", "me-central-1": "914824155844",
-    "sa-east-1": "763104351884", "cn-north-1": "727897471807", "cn-northwest-1": "727897471807",
+    "us-east-1": "763104351884",
+    "us-east-2": "763104351884",
+    "us-west-1": "763104351884",
+    "us-west-2": "763104351884",
+    "af-south-1": "626614931356",
+    "ap-east-1": "871362719292",
+    "ap-east-2": "975050140332",
+    "ap-south-1": "763104351884",
+    "ap-south-2": "772153158452",
+    "ap-southeast-1": "763104351884",
+    "ap-southeast-2": "763104351884",
+    "ap-southeast-3": "907027046896",
+    "ap-southeast-4": "457447274322",
+    "ap-southeast-5": "550225433462",
+    "ap-southeast-6": "633930458069",
+    "ap-southeast-7": "590183813437",
+    "ap-northeast-1": "763104351884",
+    "ap-northeast-2": "763104351884",
+    "ap-northeast-3": "364406365360",
+    "ca-central-1": "763104351884",
+    "ca-west-1": "204538143572",
+    "eu-central-1": "763104351884",
+    "eu-central-2": "380420809688",
+    "eu-west-1": "763104351884",
+    "eu-west-2": "763104351884",
+    "eu-west-3": "763104351884",
+    "eu-south-1": "692866216735",
+    "eu-south-2": "503227376785",
+    "eu-north-1": "763104351884",
+    "il-central-1": "780543022126",
+    "mx-central-1": "637423239942",
+    "me-south-1": "217643126080",
+    "me-central-1": "914824155844",
+    "sa-east-1": "763104351884",
+    "cn-north-1": "727897471807",
+    "cn-northwest-1": "727897471807",
 }
 
 
@@ -56,11 +80,15 @@ def image_uri(region: str, sdk: str) -> str:
     """The Neuron PyTorch training image for this region and Neuron SDK release."""
     check_region(region)
     if sdk not in TAGS:
-        raise UsageError(f"--neuron-sdk {sdk!r} has no published PyTorch 2.9 training image; known: "
-                         f"{', '.join(TAGS)} (or pass --image URI)")
+        raise UsageError(
+            f"--neuron-sdk {sdk!r} has no published PyTorch 2.9 training image; known: "
+            f"{', '.join(TAGS)} (or pass --image URI)"
+        )
     if sdk in NO_XLA_TRAINING:
-        raise UsageError(f"Neuron {sdk} no longer supports PyTorch/XLA training; use --neuron-sdk "
-                         f"{DEFAULT_SDK} or earlier (or pass --image URI)")
+        raise UsageError(
+            f"Neuron {sdk} no longer supports PyTorch/XLA training; use --neuron-sdk "
+            f"{DEFAULT_SDK} or earlier (or pass --image URI)"
+        )
     domain = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
     return f"{ACCOUNTS[region]}.dkr.ecr.{region}.{domain}/{REPOSITORY}:{TAGS[sdk]}"
 
@@ -73,7 +101,7 @@ def check_s3_url(url: str, flag: str) -> tuple[str, str]:
     starting and ending with a letter or digit, no '..', not an IP address); returns (bucket, prefix)."""
     if not url.startswith("s3://"):
         raise UsageError(f"{flag} {url!r} must be s3://bucket/prefix")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     problem = None
     if not _BUCKET.match(bucket):
         problem = "use 3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"

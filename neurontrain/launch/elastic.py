@@ -8,7 +8,7 @@ import os
 import socket
 import uuid
 
-from neurontrain.errors import NeurontrainError, UsageError
+from neurontrain.errors import NeurontrainError, UsageError, first_line
 from neurontrain.launch.topology import Topology, torchrun_args
 
 
@@ -23,6 +23,7 @@ class WorkersFailed(NeurontrainError):
 def launch(topology: Topology, worker_argv: list[str]) -> None:
     """Run `python -m neurontrain <worker_argv>` as topology.nproc_per_node workers of the job; returns when
     every worker of the group has exited 0, restarting the group up to topology.max_restarts times."""
+    # torchrun's elastic agent loads only when this process launches workers (not in the workers themselves)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -44,18 +45,24 @@ def launch(topology: Topology, worker_argv: list[str]) -> None:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode
         how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with code {code}"
-        restarts = f" after {topology.max_restarts} restart{'s' if topology.max_restarts != 1 else ''}" \
-            if topology.max_restarts else ""
-        raise WorkersFailed(f"worker rank {rank} (pid {failure.pid}) {how}{restarts}; see its error above",
-                            code if code in (2, 3) else 1) from None
+        restarts = (
+            f" after {topology.max_restarts} restart{'s' if topology.max_restarts != 1 else ''}"
+            if topology.max_restarts
+            else ""
+        )
+        raise WorkersFailed(
+            f"worker rank {rank} (pid {failure.pid}) {how}{restarts}; see its error above",
+            code if code in (2, 3) else 1,
+        ) from None
     except RendezvousError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WorkersFailed(f"rendezvous at {where} failed within {topology.rdzv_timeout} s "
-                            f"({type(exc).__name__}: {first})", 1) from None
+        raise WorkersFailed(
+            f"rendezvous at {where} failed within {topology.rdzv_timeout} s ({type(exc).__name__}: {first_line(exc)})",
+            1,
+        ) from None
     except (RuntimeError, OSError) as exc:  # e.g. DistNetworkError: the master's store cannot be reached
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WorkersFailed(f"cannot start the workers' rendezvous at {where}: {type(exc).__name__}: {first[:300]}",
-                            1) from None
+        raise WorkersFailed(
+            f"cannot start the workers' rendezvous at {where}: {type(exc).__name__}: {first_line(exc, limit=300)}", 1
+        ) from None
 
 
 def check_master_address(topology: Topology) -> None:
@@ -69,19 +76,6 @@ def check_master_address(topology: Topology) -> None:
         raise UsageError(f"cannot resolve the master address {host!r}: {exc.strerror or exc}") from None
 
 
-def worker_argv(recipe: str, output_dir: str, overrides: list[str], backend: str | None,
-                no_preflight: bool) -> list[str]:
-    argv = ["run", recipe, "--output-dir", output_dir]
-    for expr in overrides:
-        argv += ["--set", expr]
-    if backend:
-        argv += ["--backend", backend]
-    if no_preflight:
-        argv.append("--no-preflight")
-    return argv
-
-
 def in_worker() -> bool:
     """Whether this process is a worker started by torchrun (ours or the user's own)."""
     return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
-

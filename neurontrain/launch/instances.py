@@ -17,9 +17,9 @@ from neurontrain.errors import UsageError
 
 @dataclass(frozen=True)
 class Trainium:
-    name: str              # EC2 instance type
-    workers: int           # torchrun workers a node: one per logical NeuronCore
-    efa: bool              # EFA network interfaces (multi-node collectives)
+    name: str  # EC2 instance type
+    workers: int  # torchrun workers a node: one per logical NeuronCore
+    efa: bool  # EFA network interfaces (multi-node collectives)
     logical_nc_config: int | None = None  # NEURON_LOGICAL_NC_CONFIG to export (trn2: 2 physical cores per worker)
 
     @property
@@ -37,12 +37,15 @@ class Trainium:
         return env
 
 
-INSTANCES = {t.name: t for t in (
-    Trainium("trn1.2xlarge", 2, efa=False),
-    Trainium("trn1.32xlarge", 32, efa=True),
-    Trainium("trn1n.32xlarge", 32, efa=True),
-    Trainium("trn2.48xlarge", 64, efa=True, logical_nc_config=2),
-)}
+INSTANCES = {
+    t.name: t
+    for t in (
+        Trainium("trn1.2xlarge", 2, efa=False),
+        Trainium("trn1.32xlarge", 32, efa=True),
+        Trainium("trn1n.32xlarge", 32, efa=True),
+        Trainium("trn2.48xlarge", 64, efa=True, logical_nc_config=2),
+    )
+}
 # `submit slurm --instance-type trn1|trn1n|trn2`: the family's multi-node size
 FAMILIES = {"trn1": "trn1.32xlarge", "trn1n": "trn1n.32xlarge", "trn2": "trn2.48xlarge"}
 
@@ -66,7 +69,8 @@ def sagemaker_instance(name: str, flag: str = "--instance-type") -> Trainium:
     known = [t.sagemaker_name for t in INSTANCES.values()]
     if name not in known:
         if name.startswith("ml.") and not name.startswith("ml.trn"):
-            raise UsageError(f"{flag} {name!r} is not a Trainium instance: the Neuron training image runs on "
-                             f"{', '.join(known)}")
+            raise UsageError(
+                f"{flag} {name!r} is not a Trainium instance: the Neuron training image runs on {', '.join(known)}"
+            )
         raise _unknown(name, flag, known)
-    return INSTANCES[name[len("ml."):]]
+    return INSTANCES[name[len("ml.") :]]

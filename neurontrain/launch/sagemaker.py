@@ -17,9 +17,11 @@ import json
 import re
 import tarfile
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 from typing import Any
 
+import neurontrain
 from neurontrain.errors import UsageError
 from neurontrain.launch.dlc import check_s3_url
 from neurontrain.launch.instances import Trainium
@@ -29,7 +31,8 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 CHANNEL_ROOT = "/opt/ml/input/data"
 NODE_CACHE_DIR = "/tmp/neurontrain-cache"  # node-local: not synced to S3 like /opt/ml/checkpoints
 HP_PREFIX = "recipe."
-METRIC_PREFIX = "neurontrain metric:"     # the line the entry script prints for each metrics.jsonl record
+RUN_ARGS_HP = "neurontrain_run_args"  # `run`'s worker arguments for the entry's command line (a JSON list)
+METRIC_PREFIX = "neurontrain metric:"  # the line the entry script prints for each metrics.jsonl record
 _NUMBER = r"([0-9.eE+\-]+)"
 METRICS = [  # SageMaker reads these from the job's log (regexes over each line)
     {"Name": "train:loss", "Regex": METRIC_PREFIX + r' .*"loss": ' + _NUMBER},
@@ -42,23 +45,24 @@ _MAX_HYPERPARAMETERS, _MAX_VALUE = 100, 2500  # SageMaker's limits on HyperParam
 _NOT_RUNTIME_DEPS = {"torch", "torch-xla", "torch_xla"}  # the image has its own (Neuron) builds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SageMakerJob:
-    recipe: dict                   # the validated recipe (overrides applied), as plain data
+    recipe: dict  # the validated recipe (overrides applied), as plain data
     role_arn: str
     instance: Trainium
     instance_count: int
-    output: str                    # s3://bucket/prefix: model, source and checkpoints go under it
+    output: str  # s3://bucket/prefix: model, source and checkpoints go under it
     region: str
     job_name: str
-    image: str                     # training image URI
+    image: str  # training image URI
     max_run_seconds: int = 24 * 3600
     volume_gb: int = 512
-    inputs: dict[str, str] = field(default_factory=dict)   # channel name -> s3:// URI
+    inputs: dict[str, str] = field(default_factory=dict)  # channel name -> s3:// URI
     max_retries: int = 0
     environment: dict[str, str] = field(default_factory=dict)
+    run_args: list[str] = field(default_factory=list)  # `run`'s worker arguments the recipe does not carry
 
-    def validate(self) -> "SageMakerJob":
+    def __post_init__(self) -> None:
         if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/[\w+=,.@/\-]+", self.role_arn):
             raise UsageError(f"--role {self.role_arn!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/NAME)")
         check_s3_url(self.output, "--output")
@@ -68,11 +72,12 @@ class SageMakerJob:
             check_s3_url(uri, f"--input {name}")
         if self.instance_count < 1:
             raise UsageError("--instance-count must be at least 1")
+        if self.max_run_seconds < 1 or self.volume_gb < 1:
+            raise UsageError("--max-run and --volume-size must be positive")
         if not 0 <= self.max_retries <= 30:
             raise UsageError("--max-retries must be between 0 and 30 (SageMaker's limit)")
         if not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", self.job_name):
             raise UsageError(f"job name {self.job_name!r}: 1-63 letters, digits and hyphens")
-        return self
 
     def s3(self, *parts: str) -> str:
         return "/".join([self.output.rstrip("/"), *parts])
@@ -112,31 +117,53 @@ def recipe_hyperparameters(recipe: dict) -> dict[str, str]:
     return out
 
 
-def training_job_request(job: SageMakerJob) -> dict:
-    """The create_training_job parameters (pure)."""
+def job_hyperparameters(job: SageMakerJob) -> dict[str, str]:
+    """The recipe's hyperparameters, the toolkit's own, and `run`'s worker arguments; within SageMaker's limits."""
     hps = recipe_hyperparameters(job.recipe)
-    hps.update({
-        "sagemaker_program": json.dumps(ENTRY_SCRIPT),
-        "sagemaker_submit_directory": json.dumps(job.s3(job.job_name, "source", "sourcedir.tar.gz")),
-        "sagemaker_region": json.dumps(job.region),
-    })
+    hps.update(
+        {
+            "sagemaker_program": json.dumps(ENTRY_SCRIPT),
+            "sagemaker_submit_directory": json.dumps(job.s3(job.job_name, "source", "sourcedir.tar.gz")),
+            "sagemaker_region": json.dumps(job.region),
+        }
+    )
+    if job.run_args:
+        hps[RUN_ARGS_HP] = json.dumps(job.run_args)
     if len(hps) > _MAX_HYPERPARAMETERS:
-        raise UsageError(f"the recipe has {len(hps)} hyperparameters with SageMaker's own; the limit is "
-                         f"{_MAX_HYPERPARAMETERS} (move model.config into a pretrained config directory)")
+        raise UsageError(
+            f"the recipe has {len(hps)} hyperparameters with SageMaker's own; the limit is "
+            f"{_MAX_HYPERPARAMETERS} (move model.config into a pretrained config directory)"
+        )
     for key, value in hps.items():
         if len(value) > _MAX_VALUE or len(key) > 256:
             raise UsageError(f"hyperparameter {key} is longer than SageMaker allows ({_MAX_VALUE} characters)")
-    env = {"NEURONTRAIN_NPROC_PER_NODE": str(job.instance.workers), "NEURONTRAIN_CACHE_DIR": NODE_CACHE_DIR,
-           **job.instance.environment(job.instance_count), **job.environment}
+    return hps
+
+
+def training_job_request(job: SageMakerJob) -> dict:
+    """The create_training_job parameters (pure)."""
+    env = {
+        "NEURONTRAIN_NPROC_PER_NODE": str(job.instance.workers),
+        "NEURONTRAIN_CACHE_DIR": NODE_CACHE_DIR,
+        **job.instance.environment(job.instance_count),
+        **job.environment,
+    }
     request = {
         "TrainingJobName": job.job_name,
-        "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File",
-                                   "EnableSageMakerMetricsTimeSeries": True, "MetricDefinitions": METRICS},
+        "AlgorithmSpecification": {
+            "TrainingImage": job.image,
+            "TrainingInputMode": "File",
+            "EnableSageMakerMetricsTimeSeries": True,
+            "MetricDefinitions": METRICS,
+        },
         "RoleArn": job.role_arn,
-        "HyperParameters": hps,
+        "HyperParameters": job_hyperparameters(job),
         "OutputDataConfig": {"S3OutputPath": job.s3("output")},
-        "ResourceConfig": {"InstanceType": job.instance.sagemaker_name, "InstanceCount": job.instance_count,
-                           "VolumeSizeInGB": job.volume_gb},
+        "ResourceConfig": {
+            "InstanceType": job.instance.sagemaker_name,
+            "InstanceCount": job.instance_count,
+            "VolumeSizeInGB": job.volume_gb,
+        },
         "StoppingCondition": {"MaxRuntimeInSeconds": job.max_run_seconds},
         "CheckpointConfig": {"S3Uri": job.s3(job.job_name, "checkpoints"), "LocalPath": CHECKPOINT_DIR},
         "Environment": env,
@@ -145,10 +172,19 @@ def training_job_request(job: SageMakerJob) -> dict:
     }
     if job.inputs:
         request["InputDataConfig"] = [
-            {"ChannelName": name, "InputMode": "File",
-             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri,
-                                             "S3DataDistributionType": "FullyReplicated"}}}
-            for name, uri in job.inputs.items()]
+            {
+                "ChannelName": name,
+                "InputMode": "File",
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": uri,
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+            }
+            for name, uri in job.inputs.items()
+        ]
     if job.max_retries:
         request["RetryStrategy"] = {"MaximumRetryAttempts": job.max_retries}
     return request
@@ -157,8 +193,6 @@ def training_job_request(job: SageMakerJob) -> dict:
 def requirements() -> str:
     """requirements.txt for the container's toolkit: this package's own dependencies, less torch and torch-xla
     (the image's Neuron builds stay)."""
-    from importlib.metadata import PackageNotFoundError, requires
-
     try:
         reqs = requires("neurontrain") or []
     except PackageNotFoundError:
@@ -175,16 +209,17 @@ def requirements() -> str:
 
 def source_tarball() -> bytes:
     """sourcedir.tar.gz: the entry script, this package, and its requirements for the toolkit to install."""
-    import neurontrain
-
     package = Path(neurontrain.__file__).resolve().parent
-    entry = ('"""SageMaker entry point: the training toolkit runs it once per instance."""\n'
-             "import sys\nfrom pathlib import Path\n\n"
-             "sys.path.insert(0, str(Path(__file__).resolve().parent))\n"
-             "from neurontrain.launch.sagemaker_entry import main  # noqa: E402\n\n"
-             "sys.exit(main())\n")
+    entry = (
+        '"""SageMaker entry point: the training toolkit runs it once per instance."""\n'
+        "import sys\nfrom pathlib import Path\n\n"
+        "sys.path.insert(0, str(Path(__file__).resolve().parent))\n"
+        "from neurontrain.launch.sagemaker_entry import main  # noqa: E402\n\n"
+        "sys.exit(main())\n"
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
@@ -203,5 +238,10 @@ def submit(job: SageMakerJob, sagemaker_client: Any, s3_client: Any) -> dict:
     bucket, _, key = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])[5:].partition("/")
     s3_client.put_object(Bucket=bucket, Key=key, Body=source_tarball())
     response = sagemaker_client.create_training_job(**request)
-    return {"job_name": job.job_name, "arn": response["TrainingJobArn"], "source": f"s3://{bucket}/{key}",
-            "checkpoints": request["CheckpointConfig"]["S3Uri"], "model": request["OutputDataConfig"]["S3OutputPath"]}
+    return {
+        "job_name": job.job_name,
+        "arn": response["TrainingJobArn"],
+        "source": f"s3://{bucket}/{key}",
+        "checkpoints": request["CheckpointConfig"]["S3Uri"],
+        "model": request["OutputDataConfig"]["S3OutputPath"],
+    }

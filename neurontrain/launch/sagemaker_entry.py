@@ -3,10 +3,11 @@
 The training toolkit has already JSON-decoded every hyperparameter when it writes SM_HPS, so the recipe is
 rebuilt from the values as delivered (decoding again would turn "tiny-llama-clm" into a JSONDecodeError).
 Channel paths in the recipe (/opt/ml/input/data/NAME/...) are mapped through the toolkit's SM_CHANNEL_NAME; a
-channel directory holding one data file stands for that file. The instance then runs `neurontrain run` as one
-torchrun agent of a static rendezvous (node rank = index in SM_HOSTS, master = the first host), prints each
-metrics record as a line SageMaker's metric regexes read, and on the first host moves the final model to
-SM_MODEL_DIR and the summary and metrics to SM_OUTPUT_DATA_DIR.
+channel directory holding one data file stands for that file. The instance then runs `python -m neurontrain run`
+(with `run`'s worker arguments from the neurontrain_run_args hyperparameter) as one torchrun agent of a static
+rendezvous (node rank = index in SM_HOSTS, master = the first host), prints each metrics record as a line
+SageMaker's metric regexes read, and on the first host moves the final model to SM_MODEL_DIR and the summary and
+metrics to SM_OUTPUT_DATA_DIR.
 """
 
 from __future__ import annotations
@@ -14,15 +15,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from neurontrain.errors import UsageError
-from neurontrain.launch.sagemaker import CHANNEL_ROOT, CHECKPOINT_DIR, HP_PREFIX, METRIC_PREFIX
+from neurontrain.fileio import write_json_atomic
+from neurontrain.launch.sagemaker import CHANNEL_ROOT, CHECKPOINT_DIR, HP_PREFIX, METRIC_PREFIX, RUN_ARGS_HP
 
 MASTER_PORT = 29500
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding this copy of the neurontrain package
 _CHANNEL_KEYS = (("data", "path"), ("model", "pretrained"), ("tokenizer", "pretrained"))
 
 
@@ -33,7 +38,7 @@ def recipe_from_hyperparameters(hps: dict[str, Any]) -> dict:
         if not key.startswith(HP_PREFIX):
             continue
         node = recipe
-        *parents, leaf = key[len(HP_PREFIX):].split(".")
+        *parents, leaf = key[len(HP_PREFIX) :].split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
@@ -49,28 +54,63 @@ def map_channels(recipe: dict, channels: dict[str, str]) -> dict:
         value = (recipe.get(section) or {}).get(key)
         if not isinstance(value, str) or not value.startswith(CHANNEL_ROOT + "/"):
             continue
-        name, _, rest = value[len(CHANNEL_ROOT) + 1:].partition("/")
+        name, _, rest = value[len(CHANNEL_ROOT) + 1 :].partition("/")
         if name not in channels:
-            raise UsageError(f"{section}.{key} {value} names channel {name!r}, which this job does not have "
-                             f"(channels: {', '.join(sorted(channels)) or 'none'})")
+            raise UsageError(
+                f"{section}.{key} {value} names channel {name!r}, which this job does not have "
+                f"(channels: {', '.join(sorted(channels)) or 'none'})"
+            )
         path = Path(channels[name]) / rest if rest else Path(channels[name])
         if section == "data" and path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
             if len(files) != 1:
-                raise UsageError(f"channel {name!r} holds {len(files)} files ({', '.join(p.name for p in files[:5])})"
-                                 f"; point data.path at one: --set data.path={CHANNEL_ROOT}/{name}/FILE")
+                raise UsageError(
+                    f"channel {name!r} holds {len(files)} files ({', '.join(p.name for p in files[:5])})"
+                    f"; point data.path at one: --set data.path={CHANNEL_ROOT}/{name}/FILE"
+                )
             path = files[0]
         recipe[section] = {**recipe[section], key: str(path)}
     return recipe
 
 
-def run_argv(recipe_file: str, output_dir: str, hosts: list[str], current_host: str, nproc: int) -> list[str]:
+def worker_args(hps: dict[str, Any]) -> list[str]:
+    """`run`'s worker arguments that `submit sagemaker` passed in the neurontrain_run_args hyperparameter."""
+    args = hps.get(RUN_ARGS_HP) or []
+    if not isinstance(args, list) or not all(isinstance(word, str) for word in args):
+        raise UsageError(f"hyperparameter {RUN_ARGS_HP} must be a JSON list of strings, not {args!r}")
+    return args
+
+
+def run_argv(
+    recipe_file: str,
+    output_dir: str,
+    hosts: list[str],
+    current_host: str,
+    nproc: int,
+    worker_arguments: Sequence[str] = (),
+) -> list[str]:
     """`neurontrain run` for this instance: one torchrun agent of a static rendezvous across the instances."""
-    argv = ["run", recipe_file, "--output-dir", output_dir, "--nproc-per-node", str(nproc)]
+    argv = ["run", recipe_file, "--output-dir", output_dir, *worker_arguments, "--nproc-per-node", str(nproc)]
     if len(hosts) > 1:
-        argv += ["--nnodes", str(len(hosts)), "--node-rank", str(hosts.index(current_host)),
-                 "--master-addr", hosts[0], "--master-port", str(MASTER_PORT)]
+        argv += [
+            "--nnodes",
+            str(len(hosts)),
+            "--node-rank",
+            str(hosts.index(current_host)),
+            "--master-addr",
+            hosts[0],
+            "--master-port",
+            str(MASTER_PORT),
+        ]
     return argv
+
+
+def run_neurontrain(argv: list[str]) -> int:
+    """`python -m neurontrain ARGV` with this copy of the package first on the path; its exit code."""
+    path = os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "neurontrain", *argv], env={**os.environ, "PYTHONPATH": path}
+    ).returncode
 
 
 class MetricsFollower(threading.Thread):
@@ -132,31 +172,33 @@ def _env_json(name: str, env: dict[str, str]) -> Any:
     return json.loads(env[name])
 
 
-def main(env: dict[str, str] | None = None, cli: Callable[[list[str]], int] | None = None) -> int:
+def main(env: dict[str, str] | None = None, runner: Callable[[list[str]], int] | None = None) -> int:
     env = dict(os.environ) if env is None else env
     try:
         hps, hosts = _env_json("SM_HPS", env), _env_json("SM_HOSTS", env)
         current = env.get("SM_CURRENT_HOST", hosts[0])
-        channels = {name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
-                    for name in json.loads(env.get("SM_CHANNELS", "[]"))}
+        channels = {
+            name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
+            for name in json.loads(env.get("SM_CHANNELS", "[]"))
+        }
         recipe = map_channels(recipe_from_hyperparameters(hps), channels)
+        arguments = worker_args(hps)
     except (UsageError, json.JSONDecodeError) as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)
         return 2
     base = env.get("SAGEMAKER_BASE_DIR")  # the toolkit's own relocation of /opt/ml (local mode)
     output_dir = Path(base) / "checkpoints" if base else Path(CHECKPOINT_DIR)
-    output_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = output_dir / "sagemaker-recipe.json"
-    recipe_file.write_text(json.dumps(recipe, indent=2))
+    write_json_atomic(recipe_file, recipe)
     nproc = int(env.get("NEURONTRAIN_NPROC_PER_NODE", "1"))
-    if cli is None:
-        from neurontrain.cli import main as cli
     first = current == hosts[0]
     follower = MetricsFollower(output_dir / "metrics.jsonl", sys.stdout) if first else None
     if follower:
         follower.start()
     try:
-        code = cli(run_argv(str(recipe_file), str(output_dir), hosts, current, nproc))
+        code = (runner or run_neurontrain)(
+            run_argv(str(recipe_file), str(output_dir), hosts, current, nproc, arguments)
+        )
     finally:
         if follower:
             follower.stop()

@@ -21,29 +21,26 @@ from pathlib import Path
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.launch.instances import Trainium
 
-ROOT_COMM_PORT = 41000   # the Neuron root communicator's port on the first host, as in AWS's scripts
+ROOT_COMM_PORT = 41000  # the Neuron root communicator's port on the first host, as in AWS's scripts
 OPEN_FILES = 65535
 NODE_CACHE_DIR = "/var/tmp/neurontrain-cache"
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SlurmJob:
-    recipe: Path                   # absolute: nodes read it from the shared file system
-    output_dir: Path
+    output_dir: Path  # absolute, on the shared file system: Slurm's log and the node logs go here
+    run_argv: list[str]  # `neurontrain run`'s worker arguments (recipe first), as `run` itself parses them
     nodes: int
     instance: Trainium
-    python: str                    # interpreter with neurontrain installed, as seen from the nodes
+    python: str  # interpreter with neurontrain installed, as seen from the nodes
     job_name: str
     nproc_per_node: int | None = None  # default: the instance's workers
-    overrides: list[str] = field(default_factory=list)
-    backend: str | None = None
     partition: str | None = None
     time_limit: str | None = None
     account: str | None = None
     max_restarts: int = 0
     master_port: int = 29500
-    compile_cache: str | None = None
     node_cache_dir: str = NODE_CACHE_DIR
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -51,7 +48,7 @@ class SlurmJob:
     def workers_per_node(self) -> int:
         return self.nproc_per_node or self.instance.workers
 
-    def validate(self) -> "SlurmJob":
+    def __post_init__(self) -> None:
         if self.nodes < 1 or self.workers_per_node < 1:
             raise UsageError("--nodes and --nproc-per-node must be at least 1")
         if self.max_restarts < 0:
@@ -62,52 +59,64 @@ class SlurmJob:
             raise UsageError(f"--time {self.time_limit!r} is not a Slurm time (e.g. 2:00:00 or 1-00:00:00)")
         for flag, value in (("--partition", self.partition), ("--account", self.account)):
             if value is not None and not _SLURM_NAME.match(value):
-                raise UsageError(f"{flag} {value!r} is not a Slurm name (letters, digits, '.', '_', '-'; "
-                                 "partitions may be a comma-separated list)")
+                raise UsageError(
+                    f"{flag} {value!r} is not a Slurm name (letters, digits, '.', '_', '-'; "
+                    "partitions may be a comma-separated list)"
+                )
         if not 0 < self.master_port < 65536:
             raise UsageError(f"--master-port {self.master_port} is not a TCP port")
         if self.master_port == ROOT_COMM_PORT:
-            raise UsageError(f"--master-port {ROOT_COMM_PORT} is the Neuron root communicator's port on the first "
-                             "host; choose another")
+            raise UsageError(
+                f"--master-port {ROOT_COMM_PORT} is the Neuron root communicator's port on the first "
+                "host; choose another"
+            )
         if re.search(r'["%\n]', str(self.output_dir)):
             raise UsageError(f"--output-dir {str(self.output_dir)!r}: Slurm cannot take '\"', '%' or a newline there")
         if not self.node_cache_dir.startswith("/"):
             raise UsageError(f"--node-cache-dir {self.node_cache_dir!r} must be an absolute path on the nodes")
-        return self
-
-    def run_overrides(self) -> list[str]:
-        """The recipe overrides the job's `run` gets: the user's, then the compile cache."""
-        return list(self.overrides) + ([f"runtime.compile_cache={self.compile_cache}"] if self.compile_cache else [])
 
 
 def _header(job: SlurmJob) -> list[str]:
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}", f"#SBATCH --nodes={job.nodes}",
-             "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive",
-             f'#SBATCH --output="{job.output_dir}/slurm-%j.out"']
-    lines += [f"#SBATCH --{key}={value}" for key, value in
-              (("partition", job.partition), ("time", job.time_limit), ("account", job.account)) if value]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job.job_name}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
+        f'#SBATCH --output="{job.output_dir}/slurm-%j.out"',
+    ]
+    lines += [
+        f"#SBATCH --{key}={value}"
+        for key, value in (("partition", job.partition), ("time", job.time_limit), ("account", job.account))
+        if value
+    ]
     return lines
 
 
 def _node_function(job: SlurmJob) -> list[str]:
     """What srun runs once on every node (an exported bash function: the environment carries it)."""
     q = shlex.quote
-    run = [f'exec "$PYTHON" -m neurontrain run {q(str(job.recipe))} --output-dir {q(str(job.output_dir))}',
-           f'--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node={job.workers_per_node}',
-           f'--master-addr="$MASTER_ADDR" --master-port={job.master_port}', f"--max-restarts={job.max_restarts}"]
-    if job.backend:
-        run.append(f"--backend {q(job.backend)}")
-    run += [f"--set {q(expr)}" for expr in job.run_overrides()]
+    run = ['exec "$PYTHON" -m neurontrain run']
+    for word in job.run_argv:  # one line per option, the recipe on the first
+        if word.startswith("--"):
+            run.append(q(word))
+        else:
+            run[-1] += f" {q(word)}"
+    run += [
+        f'--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node={job.workers_per_node}',
+        f'--master-addr="$MASTER_ADDR" --master-port={job.master_port}',
+        f"--max-restarts={job.max_restarts}",
+    ]
     return [
         "neurontrain_node() {",
-        f"  ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n \"$(ulimit -Hn)\"",
+        f'  ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
         "  # keep the root communicator's port out of the ephemeral range (added to what is reserved already)",
         "  local reserved; reserved=$(cat /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null || true)",
-        f"  case \",$reserved,\" in *\",{ROOT_COMM_PORT},\"*) ;; *)",
-        f"    local want=\"${{reserved:+$reserved,}}{ROOT_COMM_PORT}\"",
-        "    sysctl -q -w net.ipv4.ip_local_reserved_ports=\"$want\" 2>/dev/null \\",
-        "      || sudo -n sysctl -q -w net.ipv4.ip_local_reserved_ports=\"$want\" 2>/dev/null \\",
-        f"      || echo \"neurontrain: warning: could not reserve port {ROOT_COMM_PORT} on $(hostname)\" >&2;;",
+        f'  case ",$reserved," in *",{ROOT_COMM_PORT},"*) ;; *)',
+        f'    local want="${{reserved:+$reserved,}}{ROOT_COMM_PORT}"',
+        '    sysctl -q -w net.ipv4.ip_local_reserved_ports="$want" 2>/dev/null \\',
+        '      || sudo -n sysctl -q -w net.ipv4.ip_local_reserved_ports="$want" 2>/dev/null \\',
+        f'      || echo "neurontrain: warning: could not reserve port {ROOT_COMM_PORT} on $(hostname)" >&2;;',
         "  esac",
         '  mkdir -p "$NEURONTRAIN_CACHE_DIR"',
         "  " + " \\\n    ".join(run),
@@ -118,8 +127,12 @@ def _node_function(job: SlurmJob) -> list[str]:
 
 def render_sbatch(job: SlurmJob) -> str:
     q = shlex.quote
-    env = {**job.instance.environment(job.nodes), "MALLOC_ARENA_MAX": "64",
-           "NEURONTRAIN_CACHE_DIR": job.node_cache_dir, **job.extra_env}
+    env = {
+        **job.instance.environment(job.nodes),
+        "MALLOC_ARENA_MAX": "64",
+        "NEURONTRAIN_CACHE_DIR": job.node_cache_dir,
+        **job.extra_env,
+    }
     lines = _header(job) + [
         f"# Written by `neurontrain submit slurm` ({job.instance.name}, {job.workers_per_node} workers a node).",
         "set -euo pipefail",
@@ -128,7 +141,7 @@ def render_sbatch(job: SlurmJob) -> str:
         "# the Neuron root communicator are on that host by construction. Its address is Slurm's NodeAddr.",
         'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'MASTER_ADDR=$(sinfo -h -N -n "$first_node" -o %o 2>/dev/null | head -n 1 || true)',
-        'export MASTER_ADDR=${MASTER_ADDR:-$first_node}',
+        "export MASTER_ADDR=${MASTER_ADDR:-$first_node}",
         f'export NEURON_RT_ROOT_COMM_ID="$MASTER_ADDR:{ROOT_COMM_PORT}"',
     ]
     lines += [f"export {key}={q(value)}" for key, value in env.items()]
@@ -140,7 +153,7 @@ def render_sbatch(job: SlurmJob) -> str:
         f'mkdir -p {q(str(logs))}/"$SLURM_JOB_ID"',
         f'echo "neurontrain: node logs in {logs}/$SLURM_JOB_ID/node-<N>.log; rank 0 on $first_node ($MASTER_ADDR)"',
         'srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \\',
-        f'    --output={q(str(logs))}/%j/node-%n.log bash -c neurontrain_node',
+        f"    --output={q(str(logs))}/%j/node-%n.log bash -c neurontrain_node",
         "",
     ]
     return "\n".join(lines)
@@ -151,8 +164,9 @@ def submit(script: Path) -> str:
     try:
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise UsageError("sbatch not found on PATH: run on a Slurm login node, or leave out --submit and "
-                         f"sbatch {script} there") from None
+        raise UsageError(
+            f"sbatch not found on PATH: run on a Slurm login node, or leave out --submit and sbatch {script} there"
+        ) from None
     if done.returncode != 0:
         first = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").splitlines()[0]
         raise NeurontrainError(f"sbatch failed: {first}")

@@ -1,0 +1,97 @@
+"""`neurontrain checkpoint migrate|verify`: checkpoints between GPU and Trainium (NxD) layouts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
+from neurontrain.checkpoint.verify import compare, config_for_logits, logits_diff
+from neurontrain.errors import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="checkpoint_command", parser_class=type(parser))
+    mig = sub.add_parser("migrate", help="convert SRC to DST (HF/torch/FSDP/DCP <-> NxD per-rank shards)")
+    mig.add_argument("src")
+    mig.add_argument("dst")
+    mig.add_argument("--to", required=True, choices=["neuron", "gpu"])
+    mig.add_argument("--tp", type=int, help="tensor-parallel degree (neuron side)")
+    mig.add_argument("--pp", type=int, help="pipeline-parallel degree (neuron side)")
+    mig.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], help="cast floating-point tensors")
+    mig.add_argument("--fuse-qkv", action="store_true", help="fuse q/k/v into one qkv_proj.weight_qkv per rank")
+    mig.add_argument("--with-optimizer", action="store_true", help="also migrate AdamW moments")
+    mig.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
+    mig.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    mig.add_argument("--max-shard-size", type=int, default=2048, help="MiB per safetensors file (--to gpu)")
+    mig.add_argument(
+        "--pad-vocab-to-multiple-of",
+        type=int,
+        metavar="N",
+        help="--to neuron: zero-pad the vocabulary to a multiple of N and of --tp (without it: padded to a "
+        "multiple of --tp only when needed)",
+    )
+    ver = sub.add_parser("verify", help="compare two checkpoints tensor by tensor (any formats)")
+    ver.add_argument("a")
+    ver.add_argument("b")
+    ver.add_argument("--atol", type=float, default=0.0, help="tolerated max abs difference (default: bit-identical)")
+    ver.add_argument("--logits", metavar="RECIPE_OR_CONFIG", help="also compare model outputs on a sample input")
+    ver.add_argument("--config", help="Hugging Face config for sources without one")
+    ver.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.checkpoint_command is None:
+        raise UsageError("checkpoint needs a command: migrate, verify")
+    return _migrate(args) if args.checkpoint_command == "migrate" else _verify(args)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    options = MigrateOptions(
+        to=args.to,
+        tp=args.tp,
+        pp=args.pp,
+        dtype=args.dtype,
+        fuse_qkv=args.fuse_qkv,
+        with_optimizer=args.with_optimizer,
+        overwrite=args.overwrite,
+        config=Path(args.config) if args.config else None,
+        max_shard_bytes=args.max_shard_size << 20,
+        pad_vocab_multiple=args.pad_vocab_to_multiple_of,
+    )
+    print(json.dumps(migrate(Path(args.src), Path(args.dst), options)))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    config = Path(args.config) if args.config else None
+    a, b = open_checkpoint(Path(args.a), config), open_checkpoint(Path(args.b), config)
+    result = compare(a, b, args.atol)
+    if args.logits:
+        result["logits_max_abs_diff"] = logits_diff(a, b, config_for_logits(Path(args.logits), a, b))
+        result["equal"] = result["equal"] and result["logits_max_abs_diff"] <= max(args.atol, 1e-5)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_comparison(result, logits=bool(args.logits))
+    return 0 if result["equal"] else 1
+
+
+def _print_comparison(result: dict, logits: bool) -> None:
+    print(
+        f"{result['tensors']} tensors compared, max abs diff {result['max_abs_diff']:.3g}, "
+        f"missing in B {len(result['missing_in_b'])}, extra in B {len(result['extra_in_b'])}, "
+        f"differing {len(result['differing'])}"
+        + (f", logits max abs diff {result['logits_max_abs_diff']:.3g}" if logits else "")
+        + (": EQUAL" if result["equal"] else ": DIFFERENT")
+    )
+    for row in result["differing"][:20]:
+        print(
+            f"  {row['name']}: {row['status']} {row['shape_a']}/{row['shape_b']} "
+            f"{row['dtype_a']}/{row['dtype_b']} {row.get('max_abs_diff', '')}"
+        )
+    for name in result["missing_in_b"][:20]:
+        print(f"  {name}: missing in B")
+    for name in result["extra_in_b"][:20]:
+        print(f"  {name}: extra in B")

@@ -1,0 +1,60 @@
+"""`neurontrain run RECIPE`: train in this process, or launch this node's workers through torchrun (with
+--nproc-per-node, --nnodes > 1 or --max-restarts), or, started by torchrun, be one of those workers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from neurontrain.backend import resolve_backend_name
+from neurontrain.commands.arguments import add_run_arguments, recipe_overrides, worker_argv
+from neurontrain.errors import UsageError
+from neurontrain.launch.elastic import in_worker
+from neurontrain.launch.run import train_as_worker, train_single, train_workers
+from neurontrain.launch.topology import Topology
+from neurontrain.loop.planning import make_plan
+from neurontrain.recipe import load_recipe
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
+
+
+def topology_from(args: argparse.Namespace) -> Topology:
+    topology = Topology(
+        nproc_per_node=args.nproc_per_node or 1,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        rdzv_timeout=args.rdzv_timeout,
+    )
+    return topology.validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe, recipe_overrides(args))
+    output_dir = Path(args.output_dir or Path("runs") / recipe.name)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output-dir {output_dir} exists and is not a directory")
+    if in_worker():
+        train_as_worker(recipe, output_dir, preflight_check=not args.no_preflight)
+        return 0
+    topology = topology_from(args)
+    launching = args.nproc_per_node is not None or topology.nnodes > 1 or topology.max_restarts > 0
+    if args.dry_run:
+        plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend), world=topology.world if launching else 1)
+        print(json.dumps(plan.describe(), indent=2))
+        return 0
+    if launching:
+        workers = worker_argv(argparse.Namespace(**{**vars(args), "output_dir": str(output_dir)}))
+        summary = train_workers(recipe, output_dir, topology, ["run", *workers])
+    else:
+        summary = train_single(recipe, output_dir, preflight_check=not args.no_preflight)
+    if summary is not None:
+        print(json.dumps(summary.console()))
+    return 0

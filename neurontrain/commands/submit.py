@@ -1,0 +1,204 @@
+"""`neurontrain submit slurm|sagemaker RECIPE`: hand a recipe to a scheduler, validated here first (a bad
+global batch, worker count, instance type, region or bucket fails now, not after the job waited in a queue).
+
+Both take `run`'s worker arguments (`add_worker_arguments`) and pass them on to the job's `neurontrain run`:
+the sbatch script's node command, and the SageMaker entry through a hyperparameter. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from neurontrain.commands.arguments import add_worker_arguments, recipe_overrides, worker_argv
+from neurontrain.errors import UsageError
+from neurontrain.fileio import write_file_atomic
+from neurontrain.launch import dlc
+from neurontrain.launch.instances import ec2_instance, sagemaker_instance
+from neurontrain.launch.jobcheck import check_world, load_job_recipe
+from neurontrain.launch.sagemaker import SageMakerJob, parse_inputs, training_job_request
+from neurontrain.launch.slurm import NODE_CACHE_DIR, SlurmJob, render_sbatch, submit
+from neurontrain.launch.submit import (
+    aws_region,
+    check_container_paths,
+    compile_cache_override,
+    container_path_overrides,
+    create_training_job,
+    job_name,
+)
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
+
+# `run`'s worker arguments a SageMaker job carries without its command line: the recipe, with --set applied,
+# travels as hyperparameters, and the run directory is the job's checkpoint directory.
+SAGEMAKER_CARRIED = frozenset({"recipe", "overrides", "output_dir"})
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-name", help="default: <recipe name>-<time>")
+    parser.add_argument(
+        "--compile-cache",
+        metavar="URL",
+        help="compile cache for the job (s3://bucket/prefix): the job's run pulls the plan's compiled modules "
+        "from it into each node's cache before training and pushes new ones after",
+    )
+
+
+def _add_slurm_arguments(slurm: argparse.ArgumentParser) -> None:
+    add_worker_arguments(slurm)
+    _add_job_arguments(slurm)
+    slurm.add_argument("--nodes", type=int, required=True)
+    slurm.add_argument(
+        "--instance-type",
+        default="trn1",
+        help="trn1, trn1n, trn2 (or an EC2 name such as trn1.2xlarge): workers per node and core grouping",
+    )
+    slurm.add_argument("--nproc-per-node", type=int, help="workers per node (default: the instance type's)")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--time", dest="time_limit", help="Slurm time limit, e.g. 12:00:00")
+    slurm.add_argument("--account")
+    slurm.add_argument("--max-restarts", type=int, default=1)
+    slurm.add_argument("--master-port", type=int, default=29500, help="rendezvous port on the first node")
+    slurm.add_argument(
+        "--node-cache-dir",
+        default=NODE_CACHE_DIR,
+        help="node-local compile cache directory (NEURONTRAIN_CACHE_DIR on every node)",
+    )
+    slurm.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    slurm.add_argument("--script", help="where to write the script (default <output-dir>/<job name>.sbatch)")
+    slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
+
+
+def _add_sagemaker_arguments(sm: argparse.ArgumentParser) -> None:
+    add_worker_arguments(sm, output_dir=False)
+    _add_job_arguments(sm)
+    sm.add_argument("--role", required=True, help="IAM role ARN the job runs as")
+    sm.add_argument("--instance-type", default="ml.trn1.32xlarge")
+    sm.add_argument("--instance-count", type=int, default=1)
+    sm.add_argument("--output", required=True, help="s3://bucket/prefix for source, checkpoints and the model")
+    sm.add_argument(
+        "--input",
+        dest="inputs",
+        action="append",
+        default=[],
+        metavar="NAME=s3://BUCKET/PREFIX",
+        help="a data channel (repeatable); the recipe's data.path points at the data channel",
+    )
+    sm.add_argument("--data-channel", help="the channel data.path reads (default: 'train', or the only channel)")
+    sm.add_argument("--region", help="default: AWS_REGION or the AWS configuration's region")
+    sm.add_argument(
+        "--neuron-sdk",
+        help="Neuron SDK release of the training image (default: the newest one that trains with PyTorch/XLA)",
+    )
+    sm.add_argument("--image", help="training image URI (overrides --neuron-sdk)")
+    sm.add_argument("--max-run", type=int, default=24 * 3600, help="seconds before SageMaker stops the job")
+    sm.add_argument(
+        "--max-retries",
+        type=int,
+        default=1,
+        help="times SageMaker retries a job that failed on an internal error; a retry resumes from the latest "
+        "checkpoint in /opt/ml/checkpoints",
+    )
+    sm.add_argument("--volume-size", type=int, default=512, help="GB of EBS per instance")
+    sm.add_argument("--dry-run", action="store_true", help="print the request; call nothing")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="submit_command", parser_class=type(parser))
+    _add_slurm_arguments(sub.add_parser("slurm", help="write an sbatch script (and submit it with --submit)"))
+    _add_sagemaker_arguments(sub.add_parser("sagemaker", help="create a SageMaker training job"))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.submit_command is None:
+        raise UsageError("submit needs a scheduler: slurm, sagemaker")
+    return _slurm(args) if args.submit_command == "slurm" else _sagemaker(args)
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    instance = ec2_instance(args.instance_type)
+    cache = compile_cache_override(args.compile_cache, shared_paths=True)
+    recipe = load_job_recipe(args.recipe, [*recipe_overrides(args), *cache])
+    output_dir = Path(args.output_dir or Path("runs") / recipe.name).resolve()
+    # the nodes read the recipe and write the run on the shared file system: absolute paths
+    on_nodes = {
+        "recipe": str(Path(args.recipe).resolve()),
+        "output_dir": str(output_dir),
+        "overrides": [*args.overrides, *cache],
+    }
+    job = SlurmJob(
+        output_dir=output_dir,
+        run_argv=worker_argv(argparse.Namespace(**{**vars(args), **on_nodes})),
+        nodes=args.nodes,
+        instance=instance,
+        python=args.python,
+        job_name=job_name(args.job_name, recipe.name),
+        nproc_per_node=args.nproc_per_node,
+        partition=args.partition,
+        time_limit=args.time_limit,
+        account=args.account,
+        max_restarts=args.max_restarts,
+        master_port=args.master_port,
+        node_cache_dir=args.node_cache_dir,
+    )
+    check_world(recipe, job.nodes * job.workers_per_node)
+    output_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
+    script = Path(args.script) if args.script else output_dir / f"{job.job_name}.sbatch"
+    write_file_atomic(script, render_sbatch(job).encode())
+    script.chmod(0o755)
+    result = {
+        "script": str(script),
+        "nodes": job.nodes,
+        "workers": job.nodes * job.workers_per_node,
+        "instance_type": instance.name,
+    }
+    if args.submit:
+        result["job_id"] = submit(script)
+        result["log"] = str(output_dir / f"slurm-{result['job_id']}.out")
+        result["node_logs"] = str(output_dir / "logs" / result["job_id"])
+    print(json.dumps(result))
+    return 0
+
+
+def _sagemaker(args: argparse.Namespace) -> int:
+    instance = sagemaker_instance(args.instance_type)
+    region = dlc.check_region(aws_region(args.region))
+    image = args.image or dlc.image_uri(region, args.neuron_sdk or dlc.DEFAULT_SDK)
+    inputs = parse_inputs(args.inputs)
+    overrides = [
+        *recipe_overrides(args),
+        *compile_cache_override(args.compile_cache, shared_paths=False),
+        *container_path_overrides(args.data_channel, inputs, args.overrides),
+    ]
+    recipe = load_job_recipe(args.recipe, overrides)
+    check_container_paths(recipe)
+    job = SageMakerJob(
+        recipe=recipe.model_dump(mode="json"),
+        role_arn=args.role,
+        instance=instance,
+        instance_count=args.instance_count,
+        output=args.output,
+        region=region,
+        job_name=job_name(args.job_name, recipe.name),
+        image=image,
+        max_run_seconds=args.max_run,
+        volume_gb=args.volume_size,
+        inputs=inputs,
+        max_retries=args.max_retries,
+        run_args=worker_argv(args, carried=SAGEMAKER_CARRIED),
+    )
+    check_world(recipe, job.instance_count * instance.workers)
+    if args.max_retries and (not recipe.checkpoint.resume or recipe.checkpoint.every == 0):
+        log.warning(
+            f"warning: --max-retries {args.max_retries} with checkpoint.every {recipe.checkpoint.every} and resume "
+            f"{recipe.checkpoint.resume}: a retried job starts from step 0"
+        )
+    request = training_job_request(job)
+    if args.dry_run:
+        print(json.dumps(request, indent=2))
+        return 0
+    print(json.dumps(create_training_job(job, region)))
+    return 0
