@@ -8,8 +8,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -28,8 +28,8 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
 class StepCostModel:
     """Seconds for one step of `batch_size` sequences of length L, and seconds per compiled graph.
 
-    step(L) = overhead + max(batch_size * L, saturation_tokens) * (flops_per_token + attention_flops_per_token_per_position * L)
-              / flops_per_second
+    step(L) = overhead + max(batch_size * L, saturation_tokens)
+              * (flops_per_token + attention_flops_per_token_per_position * L) / flops_per_second
 
     saturation_tokens: below this many tokens per step the device is not kept busy, so a shorter bucket stops
     saving time (measured on XLA:CPU: tiny BERT steps at 16..64 tokens x 16 sequences all take ~0.1 s).
@@ -44,7 +44,9 @@ class StepCostModel:
     saturation_tokens: int = 0
 
     def step_seconds(self, length: int) -> float:
-        flops = max(self.batch_size * length, self.saturation_tokens) * (self.flops_per_token + self.attention_flops_per_token_per_position * length)
+        flops = max(self.batch_size * length, self.saturation_tokens) * (
+            self.flops_per_token + self.attention_flops_per_token_per_position * length
+        )
         return self.step_overhead_seconds + flops / self.flops_per_second
 
 
@@ -80,46 +82,21 @@ def padding_fraction(lengths: Sequence[int], buckets: Sequence[int]) -> float:
     return 1.0 - real / padded if padded else 0.0
 
 
-def choose_buckets(
-    lengths: Sequence[int],
-    *,
-    planned_batches: int,
-    graphs_per_bucket: int,
-    cost: StepCostModel,
-    max_buckets: int,
-    multiple: int,
-    max_length: int,
-) -> BucketChoice:
-    """Boundaries minimising  n_buckets * graphs_per_bucket * compile_seconds + sum over planned batches of step time.
-
-    Each planned batch is drawn from bucket b with probability (samples in b) / (all samples); samples are
-    assigned to the smallest bucket that holds them. Exact dynamic programme over candidate boundaries.
-    """
-    if not lengths:
-        raise ValueError("no samples to choose buckets from")
-    cands = _candidates(lengths, multiple, max_length)
-    counts = Counter(min(round_up(n, multiple), max_length) for n in lengths)
-    # cum[j] = number of samples whose rounded length <= cands[j]
-    cum, running = [], 0
-    sorted_counts = sorted(counts.items())
-    k = 0
+def _cumulative_counts(lengths: Sequence[int], cands: list[int], multiple: int, max_length: int) -> list[int]:
+    """cum[j] = number of samples whose rounded length is at most cands[j]."""
+    sorted_counts = sorted(Counter(min(round_up(n, multiple), max_length) for n in lengths).items())
+    cum, running, k = [], 0, 0
     for c in cands:
         while k < len(sorted_counts) and sorted_counts[k][0] <= c:
             running += sorted_counts[k][1]
             k += 1
         cum.append(running)
-    total = len(lengths)
-    per_graph = graphs_per_bucket * cost.compile_seconds
-    step_cost = [cost.step_seconds(c) for c in cands]
+    return cum
 
-    def segment(i: int, j: int) -> float:
-        """Cost of one bucket with upper bound cands[j] holding samples above cands[i] (i = -1: from 0)."""
-        n = cum[j] - (cum[i] if i >= 0 else 0)
-        if n == 0:
-            return math.inf
-        return per_graph + planned_batches * (n / total) * step_cost[j]
 
-    m = len(cands)
+def _best_partition(segment: Callable[[int, int], float], m: int, max_buckets: int) -> tuple[list[int], float]:
+    """(indices of the chosen upper bounds among m candidates, total cost): the partition of the candidates
+    into at most max_buckets segments, the last ending at the last candidate, with the least summed cost."""
     inf = math.inf
     # best[b][j]: min cost covering all samples <= cands[j] with b buckets, the last ending at cands[j]
     best = [[inf] * m for _ in range(max_buckets + 1)]
@@ -139,14 +116,49 @@ def choose_buckets(
     n_best = min(range(1, max_buckets + 1), key=lambda b: (best[b][last], b))
     chosen, j, b = [], last, n_best
     while j >= 0 and b >= 1:
-        chosen.append(cands[j])
+        chosen.append(j)
         j, b = back[b][j], b - 1
     chosen.reverse()
+    return chosen, best[n_best][last]
+
+
+def choose_buckets(
+    lengths: Sequence[int],
+    *,
+    planned_batches: int,
+    graphs_per_bucket: int,
+    cost: StepCostModel,
+    max_buckets: int,
+    multiple: int,
+    max_length: int,
+) -> BucketChoice:
+    """Boundaries minimising  n_buckets * graphs_per_bucket * compile_seconds + sum over planned batches of step time.
+
+    Each planned batch is drawn from bucket b with probability (samples in b) / (all samples); samples are
+    assigned to the smallest bucket that holds them. Exact dynamic programme over candidate boundaries.
+    """
+    if not lengths:
+        raise ValueError("no samples to choose buckets from")
+    cands = _candidates(lengths, multiple, max_length)
+    cum = _cumulative_counts(lengths, cands, multiple, max_length)
+    total = len(lengths)
+    per_graph = graphs_per_bucket * cost.compile_seconds
+    step_cost = [cost.step_seconds(c) for c in cands]
+
+    def segment(i: int, j: int) -> float:
+        """Cost of one bucket with upper bound cands[j] holding samples above cands[i] (i = -1: from 0)."""
+        n = cum[j] - (cum[i] if i >= 0 else 0)
+        if n == 0:
+            return math.inf
+        return per_graph + planned_batches * (n / total) * step_cost[j]
+
+    indices, seconds = _best_partition(segment, len(cands), max_buckets)
+    chosen = [cands[j] for j in indices]
     compile_s = len(chosen) * per_graph
     return BucketChoice(
         buckets=chosen,
-        estimated_seconds=best[n_best][last],
+        estimated_seconds=seconds,
         estimated_compile_seconds=compile_s,
-        estimated_step_seconds=best[n_best][last] - compile_s,
+        estimated_step_seconds=seconds - compile_s,
         padding_fraction=padding_fraction([min(n, max_length) for n in lengths], chosen),
     )

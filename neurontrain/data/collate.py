@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -21,8 +21,16 @@ class Collator:
     `loss_items` the labels the loss averages over (the weight of this batch in a data-parallel reduction).
     """
 
-    def __init__(self, token_ids: Sequence[Sequence[int]], labels: Sequence[int] | None, task: str,
-                 batch_size: int, pad_id: int, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        labels: Sequence[int] | None,
+        task: str,
+        batch_size: int,
+        pad_id: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         self.token_ids = token_ids
         self.labels = labels
         self.task = task
@@ -48,5 +56,10 @@ class Collator:
             labels = torch.full((rows,), IGNORE_INDEX, dtype=torch.long)
             for row, index in enumerate(indices):
                 labels[row] = int(self.labels[index])
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "real_tokens": real,
-                "loss_items": items}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+            "real_tokens": real,
+            "loss_items": items,
+        }

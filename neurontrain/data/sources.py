@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.data import synthetic
-from neurontrain.errors import UsageError
+from neurontrain.errors import UsageError, first_line
 from neurontrain.recipe import Recipe
 
 _SPECIALS = {
@@ -53,8 +53,7 @@ def _load_file_records(recipe: Recipe, split: str) -> list[dict]:
     except UsageError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot load data ({data.source} {data.path}, split {split}): {first}") from None
+        raise UsageError(f"cannot load data ({data.source} {data.path}, split {split}): {first_line(exc)}") from None
     return list(ds)
 
 
@@ -97,8 +96,7 @@ def build_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(source)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot load tokenizer {source!r}: {first}") from None
+        raise UsageError(f"cannot load tokenizer {source!r}: {first_line(exc)}") from None
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise UsageError(f"tokenizer {source!r} has neither a pad nor an eos token")
@@ -129,7 +127,9 @@ def _word_level_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
     )
 
 
-def _tokenize(tokenizer: Any, texts: list[str], max_length: int, overlong: str, split: str) -> tuple[list[list[int]], int]:
+def _tokenize(
+    tokenizer: Any, texts: list[str], max_length: int, overlong: str, split: str
+) -> tuple[list[list[int]], int]:
     if not texts:
         return [], 0
     encoded = tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
@@ -161,8 +161,9 @@ def prepare_data(recipe: Recipe) -> PreparedData:
         train_labels = _labels(_field(train_records, data.label_field, "label_field"), recipe.model.num_labels)
         if eval_records:
             eval_labels = _labels(_field(eval_records, data.label_field, "label_field"), recipe.model.num_labels)
-    return PreparedData(tokenizer, int(tokenizer.pad_token_id), train_ids, train_labels, eval_ids, eval_labels,
-                        cut_train + cut_eval)
+    return PreparedData(
+        tokenizer, int(tokenizer.pad_token_id), train_ids, train_labels, eval_ids, eval_labels, cut_train + cut_eval
+    )
 
 
 def _labels(values: list, num_labels: int) -> list[int]:

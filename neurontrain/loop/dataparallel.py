@@ -27,15 +27,19 @@ class DataParallel:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    restart: int = 0           # TORCHELASTIC_RESTART_COUNT: how often torchrun restarted this group
-    _group: Any = None         # gloo group for host tensors and objects
+    restart: int = 0  # TORCHELASTIC_RESTART_COUNT: how often torchrun restarted this group
+    _group: Any = None  # gloo group for host tensors and objects
     _started: bool = False
 
     @classmethod
-    def from_env(cls) -> "DataParallel":
+    def from_env(cls) -> DataParallel:
         env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)),
-                   int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        return cls(
+            int(env.get("RANK", 0)),
+            int(env.get("WORLD_SIZE", 1)),
+            int(env.get("LOCAL_RANK", 0)),
+            int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +94,13 @@ class DataParallel:
             dist.all_reduce(tensor, group=self._group)
         return tensor
 
+    def sum_counts(self, real: int, slots: int) -> tuple[int, int]:
+        """Token counts (real, slots) summed over the workers."""
+        if not self.enabled:
+            return real, slots
+        counts = self.all_reduce_host(torch.tensor([real, slots], dtype=torch.float64))
+        return int(counts[0]), int(counts[1])
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not self.enabled:
             return [obj]
@@ -100,6 +111,27 @@ class DataParallel:
         return out
 
     # -- gradients ------------------------------------------------------------------------------------------
+    def reduce_step(
+        self, params: list[torch.Tensor], micro_losses: list[torch.Tensor], items: int, backend: Backend, *, host: bool
+    ) -> float | torch.Tensor | None:
+        """Average a step's gradients over all workers, on the host (`host`: after the micro-step sync) or in the
+        graph. Returns the global loss (a host float after a host reduction, a device scalar after an in-graph
+        one), or None with one worker. items: the loss items of this worker's micro-batches."""
+        if not self.enabled:
+            return None
+        if host:
+            local = backend.to_host(micro_losses) if micro_losses else []
+            mean = sum(float(x) for x in local) / len(local) if local else 0.0
+            stats = self.reduce_on_host(params, backend, torch.tensor([mean * items, items], dtype=torch.float64))
+            return float(stats[0] / max(float(stats[1]), 1.0))
+        import torch_xla.core.xla_model as xm  # optional: only the in-graph (XLA) reduction needs torch_xla
+
+        device = backend.device
+        weight = torch.tensor(float(items)).to(device)
+        mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=device)
+        total = self.reduce_in_graph(params, weight)
+        return xm.all_reduce(xm.REDUCE_SUM, mean * weight) / total.clamp(min=1.0)
+
     def reduce_on_host(self, params: list[torch.Tensor], backend: Backend, stats: torch.Tensor) -> torch.Tensor:
         """After the micro-step sync: weighted all-reduce of the gradients through host copies, written back
         as device data (the optimizer graph's inputs). stats = [loss x items, items, ...] (float64) is summed

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from typing import Callable
+from collections.abc import Callable
 
 from neurontrain.errors import RecompilationError
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class RecompilationGuard:
@@ -17,16 +19,22 @@ class RecompilationGuard:
     sync (for example `.item()` or data-dependent Python control flow inside the model).
     """
 
-    def __init__(self, expected: list[tuple], mode: str, compile_count: Callable[[], int],
-                 execute_count: Callable[[], int], report: Callable[[str], None] | None = None,
-                 known_graphs: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        expected: list[tuple],
+        mode: str,
+        compile_count: Callable[[], int],
+        execute_count: Callable[[], int],
+        report: Callable[[str], None] | None = None,
+        known_graphs: set[str] | None = None,
+    ) -> None:
         """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them."""
         self.expected = set(expected)
         self.known_graphs = known_graphs
         self.mode = mode
         self._compiles = compile_count
         self._executes = execute_count
-        self._report = report or (lambda msg: print(msg, file=sys.stderr))
+        self._report = report or log.warning
         self._last_compiles = compile_count()
         self._executes_at_start = execute_count()
         self._syncs = 0
@@ -36,8 +44,9 @@ class RecompilationGuard:
         self._synced_keys_reported: set[tuple] = set()
         self._extra_reported = 0
 
-    def after_sync(self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1,
-                   graph: str | None = None) -> None:
+    def after_sync(
+        self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1, graph: str | None = None
+    ) -> None:
         compiles = self._compiles()
         new_compiles = compiles - self._last_compiles
         self._last_compiles = compiles
@@ -50,23 +59,39 @@ class RecompilationGuard:
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
             unlisted = self.known_graphs is not None and graph is not None and graph not in self.known_graphs
             if self.mode != "off" and (not first_time or key not in self.expected or new_compiles > syncs or unlisted):
-                event = {"step": step, "kind": key[0], "key": list(key), "shapes": shapes or {},
-                         "new_compiles": new_compiles, "graph": graph,
-                         "reason": "not in the plan" if key not in self.expected else
-                         ("recompiled a graph already compiled" if not first_time else
-                          "more graphs than syncs" if new_compiles > syncs else "not in the precompile manifest")}
+                event = {
+                    "step": step,
+                    "kind": key[0],
+                    "key": list(key),
+                    "shapes": shapes or {},
+                    "new_compiles": new_compiles,
+                    "graph": graph,
+                    "reason": "not in the plan"
+                    if key not in self.expected
+                    else (
+                        "recompiled a graph already compiled"
+                        if not first_time
+                        else "more graphs than syncs"
+                        if new_compiles > syncs
+                        else "not in the precompile manifest"
+                    ),
+                }
                 self.unexpected.append(event)
-                message = (f"neurontrain: unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
-                           f"{event['reason']}, {new_compiles} compile(s)")
+                message = (
+                    f"unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
+                    f"{event['reason']}, {new_compiles} compile(s)"
+                )
                 if self.mode == "fail":
                     raise RecompilationError(message + " (train.recompile_guard: fail)")
                 self._report(message)
         if extra_executions > self._extra_reported and self.mode != "off":
             self.hidden_syncs.append({"step": step, "kind": key[0], "extra_executions": extra_executions})
             if key not in self._synced_keys_reported:
-                self._report(f"neurontrain: {extra_executions - self._extra_reported} graph execution(s) beyond the "
-                             f"loop's syncs by step {step} ({key[0]}): a host sync inside the step "
-                             "(.item(), print(tensor), data-dependent Python control flow)")
+                self._report(
+                    f"{extra_executions - self._extra_reported} graph execution(s) beyond the "
+                    f"loop's syncs by step {step} ({key[0]}): a host sync inside the step "
+                    "(.item(), print(tensor), data-dependent Python control flow)"
+                )
             self._synced_keys_reported.add(key)
             self._extra_reported = extra_executions
 

@@ -1,10 +1,20 @@
-"""metrics.jsonl (one object per logged step), summary.json, and TensorBoard when it is installed."""
+"""What the loop records and shows as it goes: metrics.jsonl (one object per logged step), TensorBoard when it
+is installed, and on rank 0 tqdm's progress bar."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from neurontrain.logs import get_logger, is_rank_zero
 
 
 class MetricsWriter:
@@ -17,16 +27,8 @@ class MetricsWriter:
             return
         if resume_step is not None and self.path.exists():
             # A killed run may have logged steps past its last checkpoint: those steps run again.
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if rec.get("step", 0) <= resume_step:
-                    kept.append(rec)
-            self.records = kept
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.records = [r for r in _read_records(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         elif self.path.exists():
             self.path.unlink()
         self._fh = open(self.path, "a")
@@ -51,16 +53,110 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _tensorboard_writer(path: Path):
+def _read_records(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, without a line torn by a kill."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _tensorboard_writer(path: Path) -> Any:
     try:
-        import tensorboard  # noqa: F401
+        import tensorboard  # noqa: F401  (optional: SummaryWriter needs it)
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
     return SummaryWriter(str(path))
 
 
-def write_summary(output_dir: Path, summary: dict) -> None:
-    tmp = output_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    tmp.replace(output_dir / "summary.json")
+class StepLog:
+    """The loop's per-step output, used as a context manager around the loop.
+
+    A logged training step is one record: loss, learning rate, and since the previous logged step the real
+    tokens a second and the padding share (over all workers), and the compilations so far. Token counts come
+    in per micro-batch (`count`). On rank 0 tqdm's bar shows the steps, and the package's log lines are printed
+    above it instead of through it.
+    """
+
+    def __init__(
+        self,
+        writer: MetricsWriter,
+        *,
+        total_steps: int,
+        first_step: int,
+        compilations: Callable[[], int],
+        global_counts: Callable[[int, int], tuple[int, int]],
+    ) -> None:
+        """compilations: graphs compiled since the run started; global_counts: (real, slot) token counts summed
+        over the workers (a collective)."""
+        self.writer = writer
+        self._bar_range = (total_steps, first_step)
+        self._compilations = compilations
+        self._global_counts = global_counts
+        self._exit = contextlib.ExitStack()
+        self._bar: tqdm | None = None
+        self.real_tokens = self.slot_tokens = 0  # this worker's, over the run
+        self._since = time.perf_counter()
+        self._real = self._slots = 0  # this worker's, since the last logged step
+
+    def __enter__(self) -> StepLog:
+        total, initial = self._bar_range
+        shown = is_rank_zero()
+        bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="step",
+            dynamic_ncols=True,
+            disable=None if shown else True,
+            file=sys.stderr,
+        )
+        self._bar = self._exit.enter_context(bar)
+        if shown:
+            self._exit.enter_context(logging_redirect_tqdm(loggers=[get_logger()]))
+        self._exit.callback(self.writer.close)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._exit.close()
+
+    @property
+    def records(self) -> list[dict]:
+        return self.writer.records
+
+    def count(self, real: int, slots: int) -> None:
+        """Real (non-padding) tokens and batch slots of one micro-batch of this worker."""
+        self._real += real
+        self._slots += slots
+        self.real_tokens += real
+        self.slot_tokens += slots
+
+    def train(self, step: int, lr: float, loss: float) -> None:
+        """Record a logged training step (its loss already on the host)."""
+        now = time.perf_counter()
+        seconds = max(now - self._since, 1e-9)
+        real, slots = self._global_counts(self._real, self._slots)
+        record = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "tokens_per_second": real / seconds,
+            "compilations": self._compilations(),
+            "padding_fraction": 1.0 - real / max(slots, 1),
+        }
+        self.writer.log(record)
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        self._since, self._real, self._slots = now, 0, 0
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Record anything else (an evaluation)."""
+        self.writer.log(record)
+
+    def advance(self) -> None:
+        """One more step done."""
+        if self._bar is not None:
+            self._bar.update(1)

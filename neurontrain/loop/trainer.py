@@ -1,331 +1,387 @@
-"""The training loop: one graph per step kind and bucket, values read in step closures, resumable."""
+"""The training loop: one graph per step kind and bucket, values read in step closures, resumable.
+
+`Trainer.run` reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when
+resuming), then for each step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`. After every sync
+the recompilation guard checks the graph that ran against the plan.
+"""
 
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import torch
 
 from neurontrain.backend import Backend
-from neurontrain.loop import checkpoints as ckpt
-from neurontrain.compile.runtime_cache import extraction_mode
 from neurontrain.data.collate import Collator
 from neurontrain.errors import UsageError
+from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.loop.metrics import MetricsWriter, write_summary
-from neurontrain.loop import steps
+from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model
 from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
+from neurontrain.loop.summary import RunSummary
+
+GraphIdentifier = Callable[[list[torch.Tensor]], str]
 
 
 @dataclass
-class _Interval:
-    """Host-side counters between two logged steps."""
+class _Restored:
+    """A checkpoint's state that set-up applies after the weights: each part at the moment XLA needs it."""
 
-    start: float = field(default_factory=time.perf_counter)
-    real_tokens: int = 0
-    slot_tokens: int = 0
-
-
-def _is_master() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def _progress(total: int, initial: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                disable=None if _is_master() else True, file=sys.stderr)
+    optimizer: dict
+    scheduler: dict
+    torch_rng: torch.Tensor
+    backend_rng: Any
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, backend: Backend, output_dir: Path, manifest_graphs: set[str] | None = None,
-                 dp: DataParallel | None = None) -> None:
-        """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is checked
-        against them (a miss is an unexpected graph). dp: this worker's place among plan.world workers."""
+    def __init__(
+        self,
+        plan: RunPlan,
+        backend: Backend,
+        output_dir: Path,
+        *,
+        manifest_graphs: set[str] | None = None,
+        dp: DataParallel | None = None,
+        graph_identifier: GraphIdentifier | None = None,
+        extracting: bool = False,
+    ) -> None:
+        """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is identified with
+        graph_identifier (the pending graph's output tensors -> its id) and checked against them (a miss is an
+        unexpected graph). dp: this worker's place among plan.world workers. extracting: the runtime only
+        extracts graphs and every value is fake, so nothing of this run may be kept or resumed."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
+        self.recipe = plan.recipe
         self.dp = dp or DataParallel()
         if self.dp.world != plan.world:
             raise ValueError(f"plan for {plan.world} workers run by a group of {self.dp.world}")
-        self.recipe = plan.recipe
+        if manifest_graphs is not None and graph_identifier is None:
+            raise ValueError("checking graphs against manifest_graphs needs a graph_identifier")
+        self.manifest_graphs, self.graph_identifier = manifest_graphs, graph_identifier
+        self.extracting = extracting
+        self.writes = self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
-        self.manifest_graphs = manifest_graphs
+        self.start_step = self.position = 0  # position: batches of the batch order consumed so far
+        self.last_eval: dict = {}
+        self._restored: _Restored | None = None
         self._identified: set[tuple] = set()
-        # under the runtime's graph extraction every value is fake: nothing of this run may be kept or resumed
-        self.extracting = extraction_mode()
-        self.writes = self.dp.is_master and not self.extracting
 
-    def _graph_id(self, key: tuple, tensors: Callable[[], list[torch.Tensor]]) -> str | None:
-        """The content id of the pending graph, the first time a key runs and only when there is a manifest."""
-        if self.manifest_graphs is None or not self.backend.is_xla or key in self._identified:
-            return None
-        from neurontrain.compile.graphs import graph_hlo, graph_id
+    # -- the loop -------------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        wall_start = time.perf_counter()
+        self._set_up()
+        with self.log:
+            for step in range(self.start_step + 1, self.recipe.train.max_steps + 1):
+                self.train_step(step)
+                self.maybe_eval(step)
+                self.maybe_save(step)
+        if self.recipe.checkpoint.save_final and self.writes:
+            self._export()
+        return self.summarize(wall_start)
 
-        self._identified.add(key)
-        return graph_id(graph_hlo(tensors())[0])
+    def _set_up(self) -> None:
+        """The model on the device (with a checkpoint's weights when resuming), AdamW and its schedule with
+        their state created and synced (the ("setup",) graph), the RNG, the step log and the data stream."""
+        recipe, backend = self.recipe, self.backend
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.model = build_model(recipe, self.plan.config)
+        device = backend.device  # create the XLA device before any backward pass
+        self._resume()
+        self.model.to(device)
+        self.optimizer = build_optimizer(recipe, self.model)
+        self.scheduler = build_scheduler(recipe, self.optimizer)
+        if self._restored is not None:
+            self.optimizer.load_state_dict(self._restored.optimizer)
+            self.scheduler.load_state_dict(self._restored.scheduler)
+        self._compiles_at_start = backend.compile_count()
+        self._compile_seconds_at_start = backend.compile_seconds()
+        self.guard = RecompilationGuard(
+            self.plan.expected_graphs(),
+            recipe.train.recompile_guard,
+            backend.compile_count,
+            backend.execute_count,
+            known_graphs=self.manifest_graphs,
+        )
+        materialize_optimizer_state(self.optimizer)
+        self._sync(("setup",), self.start_step, self._state_tensors)
+        # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
+        # seed as it was after the step's own sync.
+        self._seed()
+        resumed_at = self.start_step if self._restored is not None else None
+        self.log = StepLog(
+            MetricsWriter(self.output_dir, resumed_at, write=self.writes),
+            total_steps=recipe.train.max_steps,
+            first_step=self.start_step,
+            compilations=self._compilations,
+            global_counts=self.dp.sum_counts,
+        )
+        self.batches = self._train_batches()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
-    # -- set-up ------------------------------------------------------------------------------------
-    def _restore(self, model: torch.nn.Module) -> tuple[int, int, dict | None]:
-        """(step, data position, checkpoint state) from the newest complete checkpoint, if resuming."""
-        if not self.recipe.checkpoint.resume:
-            return 0, 0, None
-        if self.dp.is_master:
-            ckpt.remove_partial(self.ckpt_root)
+    def train_step(self, step: int) -> None:
+        """One optimizer step: forward and backward of train.grad_accum micro-batches, gradients averaged over
+        the workers, clipping, AdamW and the schedule. One graph, or under split steps one per micro-batch
+        and one for the optimizer."""
+        plan, recipe, backend = self.plan, self.recipe, self.backend
+        micro_losses: list[torch.Tensor] = []
+        length = items = 0
+        for _ in range(recipe.train.grad_accum):
+            batch = next(self.batches)
+            real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
+            length = batch["input_ids"].shape[1]
+            self.log.count(real, batch["input_ids"].numel())
+            if n_items == 0 and self.dp.enabled:
+                continue  # a partial last batch left this worker no rows: it adds nothing (and no NaN)
+            items += n_items
+            micro_losses.append(steps.micro_step(self.model, batch, recipe, plan.dims, backend.autocast))
+            if plan.split_step:
+                shapes = {"input_ids": list(batch["input_ids"].shape)}
+                self._sync(("train-micro", length), step, lambda: self._state_tensors() + micro_losses[-1:], shapes)
+        global_loss = self.dp.reduce_step(self.params, micro_losses, items, self.backend, host=self.plan.host_reduce)
+        lr = steps.optimizer_step(self.params, self.optimizer, self.scheduler, recipe)
+        self.position += recipe.train.grad_accum
+        self._log_loss(step, lr, global_loss, micro_losses)
+        key = ("optimizer",) if plan.split_step else ("train", length)
+        shapes = {"input_ids": [recipe.data.batch_size, length]}
+        self._sync(key, step, lambda: self._state_tensors() + micro_losses, shapes)
+        self.log.advance()
+
+    def maybe_eval(self, step: int) -> None:
+        """Evaluate every train.eval_every steps and after the last one (train.eval_at_end)."""
+        train = self.recipe.train
+        if self.plan.eval_batches and (
+            (train.eval_every and step % train.eval_every == 0) or (train.eval_at_end and step == train.max_steps)
+        ):
+            self.last_eval = self._evaluate(step)
+            self.log.record(self.last_eval)
+
+    def maybe_save(self, step: int) -> None:
+        """A checkpoint every checkpoint.every steps and after the last one. Every worker holds the same
+        weights: worker 0 writes, between two barriers (all workers finished the step before; nobody goes on
+        before the checkpoint is complete)."""
+        every = self.recipe.checkpoint.every
+        if not every or (step % every and step != self.recipe.train.max_steps) or self.extracting:
+            return
+        state = self.state_dict()
+        meta = self._checkpoint_meta(step)
         self.dp.barrier()
-        path = ckpt.latest_checkpoint(self.ckpt_root)
-        if path is None:
-            return 0, 0, None
-        state, meta = ckpt.load_checkpoint(path)
-        if meta.get("fingerprint") != self.recipe.fingerprint():
-            raise UsageError(f"checkpoint {path} was written by a different recipe; use another --output-dir "
-                             "or set checkpoint.resume=false")
-        if meta.get("world_size", 1) != self.plan.world:
-            raise UsageError(f"checkpoint {path} was written by {meta.get('world_size', 1)} workers, this run has "
-                             f"{self.plan.world} (its data position counts global batches of that size); use "
-                             "another --output-dir or the same number of workers")
-        model.load_state_dict(state["model"])
-        return int(meta["step"]), int(state["data_position"]), state
+        # xm.save is a collective where the xla backend spans the workers; on host-reduce backends each
+        # worker's runtime is a world of one, so only worker 0 calls it.
+        checkpoints.save_checkpoint(
+            self.ckpt_root,
+            step,
+            state,
+            meta,
+            self.recipe.checkpoint.keep,
+            self.backend.save,
+            self.dp.is_master,
+            all_ranks_save=not self.plan.host_reduce,
+        )
+        self.dp.barrier()
 
-    # -- steps --------------------------------------------------------------------------------------
-    def _evaluate(self, model: torch.nn.Module, step: int, guard: RecompilationGuard, collator: Collator) -> dict:
+    def summarize(self, wall_start: float) -> RunSummary:
+        """The run's summary, written to summary.json by worker 0 (unless extracting). Token counts are summed
+        over the workers, and the wall time ends after a barrier, when every worker is done."""
+        recipe, plan, backend, guard = self.recipe, self.plan, self.backend, self.guard
+        losses = [r["loss"] for r in self.log.records if "loss" in r]
+        real, slots = self.dp.sum_counts(self.log.real_tokens, self.log.slot_tokens)
+        self.dp.barrier()
+        wall = time.perf_counter() - wall_start
+        summary = RunSummary(
+            recipe=recipe.name,
+            backend=backend.name,
+            steps=recipe.train.max_steps,
+            resumed_from_step=self.start_step or None,
+            first_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            compilations=self._compilations(),
+            compile_seconds=backend.compile_seconds() - self._compile_seconds_at_start,
+            distinct_graphs=guard.distinct_graphs,
+            expected_graphs=len(plan.expected_graphs()),
+            unexpected_graphs=len(guard.unexpected),
+            unexpected=guard.unexpected,
+            hidden_host_syncs=guard.hidden_syncs,
+            checked_against_manifest=self.manifest_graphs is not None,
+            world_size=plan.world,
+            per_worker_batch=recipe.data.batch_size,
+            grad_accum=recipe.train.grad_accum,
+            effective_batch=recipe.data.batch_size * plan.world * recipe.train.grad_accum,
+            restarts=self.dp.restart,
+            buckets=plan.buckets,
+            bucket_mode=plan.bucket_mode,
+            buckets_used=sorted(set(plan.train_lengths_used)),
+            tokens_per_second=real / wall,
+            padding_fraction=1.0 - real / max(slots, 1),
+            wall_seconds=wall,
+            eval_loss=self.last_eval.get("eval_loss"),
+            eval_accuracy=self.last_eval.get("eval_accuracy"),
+        )
+        if self.writes:
+            summary.write(self.output_dir)
+        return summary
+
+    # -- checkpoint state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint's state.pt holds: weights, AdamW and schedule state, the data position, and the
+        RNG state: this worker's, and under data parallelism every worker's (so this is a collective)."""
+        rng = {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data_position": self.position,
+            "rng": {**rng, "per_rank": self.dp.all_gather_object(rng) if self.dp.enabled else None},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state` (as `state_dict` made it), into the model set-up has just built on the host.
+
+        The weights load now, before the model moves to the device. The rest waits for set-up, in the order
+        XLA needs: optimizer and schedule state once they exist for the device model, the RNG after the set-up
+        sync (every sync advances the XLA seed). The RNG is this worker's own when the checkpoint has one for
+        each worker of a group of this size.
+        """
+        self.model.load_state_dict(state["model"])
+        self.position = int(state["data_position"])
+        rng = state["rng"]
+        per_rank = rng.get("per_rank")
+        mine = per_rank[self.dp.rank] if per_rank and len(per_rank) == self.dp.world else rng
+        self._restored = _Restored(state["optimizer"], state["scheduler"], mine["torch_cpu"], mine["backend"])
+
+    def _checkpoint_meta(self, step: int) -> dict[str, Any]:
+        """meta.json: what a resumed run checks before it loads the state, and what a reader needs to know."""
+        return {
+            "step": step,
+            "fingerprint": self.recipe.fingerprint(),
+            "recipe": self.recipe.name,
+            "backend": self.backend.name,
+            "data_position": self.position,
+            "time": time.time(),
+            "world_size": self.plan.world,
+        }
+
+    def _resume(self) -> None:
+        """With checkpoint.resume, load the newest complete checkpoint (after worker 0 removed torn ones)."""
+        if not self.recipe.checkpoint.resume:
+            return
+        if self.dp.is_master:
+            checkpoints.remove_partial(self.ckpt_root)
+        self.dp.barrier()
+        path = checkpoints.latest_checkpoint(self.ckpt_root)
+        if path is None:
+            return
+        state, meta = checkpoints.load_checkpoint(path)
+        if meta.get("fingerprint") != self.recipe.fingerprint():
+            raise UsageError(
+                f"checkpoint {path} was written by a different recipe; use another --output-dir "
+                "or set checkpoint.resume=false"
+            )
+        if meta.get("world_size", 1) != self.plan.world:
+            raise UsageError(
+                f"checkpoint {path} was written by {meta.get('world_size', 1)} workers, this run has "
+                f"{self.plan.world} (its data position counts global batches of that size); use "
+                "another --output-dir or the same number of workers"
+            )
+        self.start_step = int(meta["step"])
+        self.load_state_dict(state)
+
+    def _seed(self) -> None:
+        """Restore the RNG of a resumed run; a fresh run with several workers gives each its own dropout
+        stream (worker 0 keeps the one-worker stream)."""
+        backend = self.backend
+        if self._restored is not None:
+            torch.set_rng_state(self._restored.torch_rng)
+            backend.set_rng_state(self._restored.backend_rng)
+        elif self.dp.enabled and self.dp.rank:
+            torch.manual_seed(self.recipe.train.seed + 7919 * self.dp.rank)
+            if backend.is_xla:
+                backend.set_rng_state(int(backend.rng_state()) + 7919 * self.dp.rank)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def _sync(
+        self, key: tuple, step: int, tensors: Callable[[], list[torch.Tensor]], shapes: dict | None = None
+    ) -> None:
+        """Cut and run the pending graph of `key`, then let the guard check what compiled. The first time a key
+        runs under a manifest, the pending graph is identified before it runs."""
+        graph = None
+        if self.manifest_graphs is not None and self.backend.is_xla and key not in self._identified:
+            self._identified.add(key)
+            graph = self.graph_identifier(tensors())
+        self.backend.sync()
+        self.guard.after_sync(key, step, shapes, graph=graph)
+
+    def _compilations(self) -> int:
+        """Graphs compiled since set-up began."""
+        return self.backend.compile_count() - self._compiles_at_start
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return steps.state_tensors(self.model, self.optimizer)
+
+    def _collator(self, ids: list[list[int]], labels: list[int] | None, batch_size: int) -> Collator:
+        """This worker's rows of each global batch."""
+        data = self.plan.data
+        return Collator(ids, labels, self.recipe.task, batch_size, data.pad_id, self.dp.rank, self.dp.world)
+
+    def _train_batches(self) -> Iterator[dict]:
+        """The collated micro-batches from the run's data position to its last step, on the device."""
+        recipe, data = self.recipe, self.plan.data
+        collate = self._collator(data.train_ids, data.train_labels, recipe.data.batch_size)
+        remaining = (recipe.train.max_steps - self.start_step) * recipe.train.grad_accum
+        stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))
+        return iter(self.backend.wrap_loader(stream, recipe.runtime.loader))
+
+    def _log_loss(
+        self, step: int, lr: float, global_loss: float | torch.Tensor | None, micro_losses: list[torch.Tensor]
+    ) -> None:
+        """On logged steps, record the loss: now when it is on the host already (host reduction), else in a
+        step closure that reads it after the step's sync."""
+        train = self.recipe.train
+        if not (step == 1 or step % train.log_every == 0 or step == train.max_steps):
+            return
+        if isinstance(global_loss, float):
+            self.log.train(step, lr, global_loss)
+            return
+        losses = [global_loss] if global_loss is not None else micro_losses
+        self.backend.add_step_closure(
+            lambda s, r, *x: self.log.train(s, r, sum(float(v.item()) for v in x) / len(x)), (step, lr, *losses)
+        )
+
+    def _evaluate(self, step: int) -> dict:
         totals = torch.zeros(3, dtype=torch.float64)  # loss x counted, counted, correct
 
         def accumulate(stats: torch.Tensor) -> None:
             totals.add_(stats.detach().cpu().to(torch.float64))
 
-        model.eval()
-        loader = self.backend.wrap_loader((collator(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
+        data, spec, backend = self.plan.data, self.recipe.data, self.backend
+        collate = self._collator(data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size)
+        self.model.eval()
+        loader = backend.wrap_loader((collate(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
         with torch.no_grad():
             for batch in loader:
                 batch.pop("real_tokens")
                 if batch.pop("loss_items") == 0 and self.dp.enabled:
                     continue  # this worker's share of a partial batch is empty
-                stats = steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
-                self.backend.add_step_closure(accumulate, (stats,))
-                key = ("eval", batch["input_ids"].shape[1])
-                graph = self._graph_id(key, lambda: [stats])
-                self.backend.sync()
-                guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
-        model.train()
+                stats = steps.eval_step(self.model, batch, self.recipe, self.plan.dims, backend.autocast)
+                backend.add_step_closure(accumulate, (stats,))
+                shapes = {"input_ids": list(batch["input_ids"].shape)}
+                self._sync(("eval", batch["input_ids"].shape[1]), step, lambda: [stats], shapes)  # noqa: B023
+        self.model.train()
         loss_sum, counted, correct = self.dp.all_reduce_host(totals).tolist()
         out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
         if self.recipe.task == "sequence-classification":
             out["eval_accuracy"] = correct / counted if counted else float("nan")
         return out
 
-    # -- the loop -------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        wall_start = time.perf_counter()
-        recipe, backend, plan = self.recipe, self.backend, self.plan
-        train, data = recipe.train, recipe.data
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-
-        model = build_model(recipe, plan.config)
-        device = backend.device  # create the XLA device before any backward pass
-        start_step, position, state = self._restore(model)
-        model.to(device)
-        optimizer = build_optimizer(recipe, model)
-        scheduler = build_scheduler(recipe, optimizer)
-        if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        compiles_at_start = backend.compile_count()
-        compile_seconds_at_start = backend.compile_seconds()
-        guard = RecompilationGuard(plan.expected_graphs(), train.recompile_guard, backend.compile_count,
-                                   backend.execute_count, report=self._report, known_graphs=self.manifest_graphs)
-        materialize_optimizer_state(optimizer)
-        graph = self._graph_id(("setup",), lambda: steps.state_tensors(model, optimizer))
-        backend.sync()
-        guard.after_sync(("setup",), start_step, graph=graph)
-        # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
-        # seed as it was after the step's own sync.
-        self._seed(state)
-
-        metrics = MetricsWriter(self.output_dir, start_step if state is not None else None, write=self.writes)
-        rank, world = self.dp.rank, self.dp.world
-        collator = Collator(plan.data.train_ids, plan.data.train_labels, recipe.task, data.batch_size, plan.data.pad_id,
-                            rank, world)
-        eval_collator = Collator(plan.data.eval_ids, plan.data.eval_labels, recipe.task,
-                                 data.eval_batch_size or data.batch_size, plan.data.pad_id, rank, world)
-        remaining = (train.max_steps - start_step) * train.grad_accum
-        stream = (collator(b) for b in itertools.islice(plan.planner.iterate(position), remaining))
-        loader = iter(backend.wrap_loader(stream, recipe.runtime.loader))
-        params = [p for p in model.parameters() if p.requires_grad]
-        interval = _Interval()
-        totals = {"real": 0, "slots": 0}
-        progress = _progress(train.max_steps, start_step)
-        last_eval: dict = {}
-
-        def log_step(step: int, lr: float, loss: float) -> None:
-            now = time.perf_counter()
-            seconds = max(now - interval.start, 1e-9)
-            real, slots = self._global_counts(interval.real_tokens, interval.slot_tokens)
-            record = {"step": step, "loss": loss, "lr": lr, "tokens_per_second": real / seconds,
-                      "compilations": backend.compile_count() - compiles_at_start,
-                      "padding_fraction": 1.0 - real / max(slots, 1)}
-            metrics.log(record)
-            progress.set_postfix(loss=f"{loss:.4f}", refresh=False)
-            interval.start, interval.real_tokens, interval.slot_tokens = now, 0, 0
-
-        for step in range(start_step + 1, train.max_steps + 1):
-            micro_losses, length, items = [], 0, 0
-            for _ in range(train.grad_accum):
-                batch = next(loader)
-                real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
-                length = batch["input_ids"].shape[1]
-                slots = batch["input_ids"].numel()
-                interval.real_tokens += real
-                interval.slot_tokens += slots
-                totals["real"] += real
-                totals["slots"] += slots
-                if n_items == 0 and self.dp.enabled:
-                    continue  # a partial last batch left this worker no rows: it adds nothing (and no NaN)
-                items += n_items
-                micro_losses.append(steps.micro_step(model, batch, recipe, plan.dims, backend.autocast))
-                if plan.split_step:
-                    key = ("train-micro", length)
-                    graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses[-1:])
-                    backend.sync()
-                    guard.after_sync(key, step, {"input_ids": list(batch["input_ids"].shape)}, graph=graph)
-            log_now = step == 1 or step % train.log_every == 0 or step == train.max_steps
-            global_loss = self._reduce_gradients(params, micro_losses, items)
-            lr = steps.optimizer_step(params, optimizer, scheduler, recipe)
-            position += train.grad_accum
-            if log_now and isinstance(global_loss, float):
-                log_step(step, lr, global_loss)  # host reduction: the loss is on the host already
-            elif log_now:
-                backend.add_step_closure(lambda s, r, *x: log_step(s, r, sum(float(v.item()) for v in x) / len(x)),
-                                         (step, lr, *([global_loss] if global_loss is not None else micro_losses)))
-            key = ("optimizer",) if plan.split_step else ("train", length)
-            graph = self._graph_id(key, lambda: steps.state_tensors(model, optimizer) + micro_losses)
-            backend.sync()
-            guard.after_sync(key, step, {"input_ids": [data.batch_size, length]}, graph=graph)
-            progress.update(1)
-
-            if plan.eval_batches and ((train.eval_every and step % train.eval_every == 0)
-                                      or (train.eval_at_end and step == train.max_steps)):
-                last_eval = self._evaluate(model, step, guard, eval_collator)
-                metrics.log(last_eval)
-            every = recipe.checkpoint.every
-            if every and (step % every == 0 or step == train.max_steps) and not self.extracting:
-                self._save(step, position, model, optimizer, scheduler)
-        progress.close()
-        metrics.close()
-        if recipe.checkpoint.save_final and self.writes:
-            self._export(model)
-        train_records = [r for r in metrics.records if "loss" in r]
-        totals["real"], totals["slots"] = self._global_counts(totals["real"], totals["slots"])
-        self.dp.barrier()
-        wall = time.perf_counter() - wall_start
-        summary = {
-            "recipe": recipe.name,
-            "backend": backend.name,
-            "steps": train.max_steps,
-            "resumed_from_step": start_step or None,
-            "first_loss": train_records[0]["loss"] if train_records else None,
-            "final_loss": train_records[-1]["loss"] if train_records else None,
-            "compilations": backend.compile_count() - compiles_at_start,
-            "compile_seconds": backend.compile_seconds() - compile_seconds_at_start,
-            "distinct_graphs": guard.distinct_graphs,
-            "expected_graphs": len(plan.expected_graphs()),
-            "unexpected_graphs": len(guard.unexpected),
-            "unexpected": guard.unexpected,
-            "hidden_host_syncs": guard.hidden_syncs,
-            "checked_against_manifest": self.manifest_graphs is not None,
-            "world_size": plan.world,
-            "per_worker_batch": data.batch_size,
-            "grad_accum": train.grad_accum,
-            "effective_batch": data.batch_size * plan.world * train.grad_accum,
-            "restarts": self.dp.restart,
-            "buckets": plan.buckets,
-            "bucket_mode": plan.bucket_mode,
-            "buckets_used": sorted(set(plan.train_lengths_used)),
-            "tokens_per_second": totals["real"] / wall,
-            "padding_fraction": 1.0 - totals["real"] / max(totals["slots"], 1),
-            "wall_seconds": wall,
-            **{k: v for k, v in last_eval.items() if k != "step"},
-        }
-        if self.writes:
-            write_summary(self.output_dir, summary)
-        return summary
-
-    def _global_counts(self, real: int, slots: int) -> tuple[int, int]:
-        if not self.dp.enabled:
-            return real, slots
-        counts = self.dp.all_reduce_host(torch.tensor([real, slots], dtype=torch.float64))
-        return int(counts[0]), int(counts[1])
-
-    def _reduce_gradients(self, params: list[torch.Tensor], micro_losses: list[torch.Tensor],
-                          items: int) -> float | torch.Tensor | None:
-        """Average the step's gradients over all workers. Returns the global loss (a host float after a host
-        reduction, a device scalar after an in-graph one), or None with one worker."""
-        if not self.dp.enabled:
-            return None
-        if self.plan.host_reduce:
-            local = self.backend.to_host(micro_losses) if micro_losses else []
-            mean = sum(float(x) for x in local) / len(local) if local else 0.0
-            stats = self.dp.reduce_on_host(params, self.backend, torch.tensor([mean * items, items], dtype=torch.float64))
-            return float(stats[0] / max(float(stats[1]), 1.0))
-        device = self.backend.device
-        weight = torch.tensor(float(items)).to(device)
-        mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=device)
-        total = self.dp.reduce_in_graph(params, weight)
-        import torch_xla.core.xla_model as xm
-
-        return xm.all_reduce(xm.REDUCE_SUM, mean * weight) / total.clamp(min=1.0)
-
-    def _seed(self, state: dict | None) -> None:
-        """Restore the RNG of a resumed run (this worker's own, when the checkpoint has one per worker); a fresh
-        run with several workers gives each its own dropout stream (worker 0 keeps the one-worker stream)."""
-        backend = self.backend
-        if state is not None:
-            rng = state["rng"]
-            per_rank = rng.get("per_rank")
-            mine = per_rank[self.dp.rank] if per_rank and len(per_rank) == self.dp.world else rng
-            torch.set_rng_state(mine["torch_cpu"])
-            backend.set_rng_state(mine["backend"])
-        elif self.dp.enabled and self.dp.rank:
-            torch.manual_seed(self.recipe.train.seed + 7919 * self.dp.rank)
-            if backend.is_xla:
-                backend.set_rng_state(int(backend.rng_state()) + 7919 * self.dp.rank)
-
-    def _report(self, message: str) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(message, file=sys.stderr)
-
-    def _save(self, step: int, position: int, model, optimizer, scheduler) -> None:
-        """Every worker holds the same weights: worker 0 writes, between two barriers (all workers finished the
-        step before; nobody goes on before the checkpoint is complete)."""
-        rng = {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()}
-        state = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "data_position": position,
-            "rng": {**rng, "per_rank": self.dp.all_gather_object(rng) if self.dp.enabled else None},
-        }
-        meta = {"step": step, "fingerprint": self.recipe.fingerprint(), "recipe": self.recipe.name,
-                "backend": self.backend.name, "data_position": position, "time": time.time(),
-                "world_size": self.plan.world}
-        self.dp.barrier()
-        # xm.save is a collective where the xla backend spans the workers; on host-reduce backends each
-        # worker's runtime is a world of one, so only worker 0 calls it.
-        ckpt.save_checkpoint(self.ckpt_root, step, state, meta, self.recipe.checkpoint.keep, self.backend.save,
-                             self.dp.is_master, all_ranks_save=not self.plan.host_reduce)
-        self.dp.barrier()
-
-    def _export(self, model: torch.nn.Module) -> None:
+    def _export(self) -> None:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
-        cpu_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        model.save_pretrained(str(target), state_dict=cpu_state)
+        cpu_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        self.model.save_pretrained(str(target), state_dict=cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))
