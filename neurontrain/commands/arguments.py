@@ -130,7 +130,7 @@ def launcher_only_dests() -> frozenset[str]:
 
 
 def _render(action: argparse.Action, value: object) -> list[str]:
-    """One argument's value as command-line words that parse back to it."""
+    """One argument's value as command-line words that parse back to it (none for the default)."""
     if not action.option_strings:
         return [str(value)]
     flag = max(action.option_strings, key=len)
@@ -139,7 +139,7 @@ def _render(action: argparse.Action, value: object) -> list[str]:
     if isinstance(action, argparse._AppendAction) and action.nargs is None:
         return [word for item in value or () for word in (flag, str(item))]
     if isinstance(action, argparse._StoreAction) and action.nargs is None:
-        return [] if value is None else [flag, str(value)]
+        return [] if value is None or value == action.default else [flag, str(value)]
     raise TypeError(f"{flag}: a {type(action).__name__} cannot be passed on to the workers yet (see _render)")
 
 
