@@ -6,10 +6,9 @@ the summary it prints and keeps is a `RunSummary` with the cache counters added.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
-from neurontrain.backend import backend_for, resolve_backend_name
+from neurontrain.backend import Backend, backend_for, resolve_backend_name
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -42,7 +41,7 @@ def train_single(recipe: Recipe, output_dir: Path, *, preflight_check: bool) -> 
         preflight(backend, recipe, DataParallel())
     _announce(plan, backend.name, output_dir)
     trainer = _trainer(plan, backend, output_dir, _manifest_ids(plan, backend.name, cache.local), DataParallel())
-    summary = _as_summary(trainer.run())
+    summary = trainer.run()
     pushed = cache.push_after()
     changed = False
     if pulled is not None or pushed is not None:
@@ -112,17 +111,16 @@ def _modules(location: CacheLocation | None) -> dict | None:
     return scan_modules(Path(location.root)) if location is not None and location.is_local else None
 
 
-def _trainer(plan: RunPlan, backend, output_dir: Path, manifest: set[str] | None, dp: DataParallel) -> Trainer:
-    kwargs = {"manifest_graphs": manifest, "dp": dp}
-    # TEMPORARY until loop/trainer.py takes graph_identifier and extracting (loop must stop importing compile/)
-    if "graph_identifier" in inspect.signature(Trainer).parameters:
-        kwargs.update(graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]), extracting=extraction_mode())
-    return Trainer(plan=plan, backend=backend, output_dir=output_dir, **kwargs)
-
-
-def _as_summary(summary: RunSummary | dict) -> RunSummary:
-    # TEMPORARY until Trainer.run() returns a RunSummary (it returns a dict today)
-    return summary if isinstance(summary, RunSummary) else RunSummary.from_json(summary)
+def _trainer(plan: RunPlan, backend: Backend, output_dir: Path, manifest: set[str] | None, dp: DataParallel) -> Trainer:
+    return Trainer(
+        plan,
+        backend,
+        output_dir,
+        manifest_graphs=manifest,
+        dp=dp,
+        graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
+        extracting=extraction_mode(),
+    )
 
 
 def _announce(plan: RunPlan, backend: str, output_dir: Path) -> None:
