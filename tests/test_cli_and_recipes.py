@@ -1,8 +1,10 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
-from conftest import RECIPES, run_cli
+from conftest import RECIPES, REPO, run_cli
 from neurontrain.errors import UsageError
 from neurontrain.recipe import apply_overrides, load_recipe, parse_override
 
@@ -54,3 +56,23 @@ def test_dry_run_prints_plan_without_training(tmp_path):
     assert {tuple(k) for k in plan["expected_graphs"]} >= {("train", n) for n in plan["buckets"]["used"]}
     assert plan["world_size"] == 1 and plan["effective_batch"] == 8
     assert not (tmp_path / "x").exists()
+
+
+def test_help_submit_and_usage_errors_start_without_torch():
+    """Only the chosen verb's module is imported: --help, no verb, an unknown verb, and submit's and health's
+    usage errors never load torch (a few tenths of a second, against seconds for torch)."""
+    code = (
+        "import contextlib, io, sys\nfrom neurontrain.cli import main\n"
+        "codes = []\n"
+        "for argv in (['fly'], [], ['submit'], ['submit', 'slurm'], ['health', '--bogus'], ['--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            codes.append(main(argv))\n"
+        "        except SystemExit as exc:\n"
+        "            codes.append(exc.code)\n"
+        "print(codes, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla', 'transformers')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[2, 2, 2, 2, 2, 0] []"
+    assert all(line.startswith("neurontrain: error:") for line in done.stderr.strip().splitlines())
