@@ -105,17 +105,10 @@ class StepLog:
 
     def __enter__(self) -> StepLog:
         total, initial = self._bar_range
-        shown = is_rank_zero()
-        bar = tqdm(
-            total=total,
-            initial=initial,
-            unit="step",
-            dynamic_ncols=True,
-            disable=None if shown else True,
-            file=sys.stderr,
-        )
+        disable = None if is_rank_zero() else True  # None: shown where stderr is a terminal
+        bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=disable, file=sys.stderr)
         self._bar = self._exit.enter_context(bar)
-        if shown:
+        if not bar.disable:  # log lines go above the bar rather than through it
             self._exit.enter_context(logging_redirect_tqdm(loggers=[get_logger()]))
         self._exit.callback(self.writer.close)
         return self
