@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from neurontrain.commands.arguments import add_backend_argument, add_topology_arguments
 from neurontrain.errors import HealthCheckFailed, UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.health.runner import HealthOptions, format_table, run_health
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None,
     )
     result = run_health(options)
-    print(format_table(result), file=sys.stderr)  # the report for people; --json keeps every figure
+    log.info(format_table(result))  # the report for people; --json keeps every figure
     if args.json_file:
         write_json_atomic(Path(args.json_file), result)
     if not result["ok"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from neurontrain.backend import backend_for, neuron_runtime_present
@@ -16,8 +15,11 @@ from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_
 from neurontrain.compile.precompile import precompile
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
+from neurontrain.logs import get_logger
 from neurontrain.loop.planning import make_plan
 from neurontrain.recipe import load_recipe
+
+log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         )
     cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     report = precompile(plan, backend, cache.local, through_runtime=target == "neuron", workers=args.workers)
-    print(report.table(), file=sys.stderr)  # the report for people; stdout keeps the one JSON line
+    log.info(report.table())  # the report for people; stdout keeps the one JSON line
     cache.push_after()
     if args.json_file:
         write_json_atomic(Path(args.json_file), report.to_json())
