@@ -6,7 +6,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,7 +28,7 @@ class ModelSpec(_Strict):
     num_labels: int = Field(2, ge=1)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if (self.pretrained is None) == (self.config is None):
             raise ValueError("give exactly one of model.pretrained (path or hub id) or model.config")
         if self.config is not None and "model_type" not in self.config:
@@ -46,7 +46,7 @@ class TokenizerSpec(_Strict):
     word_level: WordLevelSpec | None = None
 
     @model_validator(mode="after")
-    def _at_most_one(self) -> "TokenizerSpec":
+    def _at_most_one(self) -> TokenizerSpec:
         if self.pretrained is not None and self.word_level is not None:
             raise ValueError("give at most one of tokenizer.pretrained or tokenizer.word_level")
         return self
@@ -77,7 +77,7 @@ class DataSpec(_Strict):
     overlong: Literal["truncate", "fail"] = "truncate"
     batch_size: int = Field(..., ge=1)
     eval_batch_size: int | None = Field(None, ge=1)
-    buckets: Union[list[int], Literal["auto", "max", "dynamic"]] = "auto"
+    buckets: list[int] | Literal["auto", "max", "dynamic"] = "auto"
     pad_to_multiple_of: int = Field(8, ge=1)
     auto_buckets: AutoBucketSpec = AutoBucketSpec()
     last_batch: Literal["drop", "pad"] = "drop"
@@ -85,7 +85,7 @@ class DataSpec(_Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "DataSpec":
+    def _check(self) -> DataSpec:
         if self.source in ("json", "csv", "parquet", "hub") and not self.path:
             raise ValueError(f"data.path is required for source {self.source}")
         if isinstance(self.buckets, list):
@@ -140,10 +140,10 @@ class RuntimeSpec(_Strict):
     backend: BackendName = "auto"
     loader: Literal["mp_device_loader", "simple"] = "mp_device_loader"
     compile_cache: str = "compile_cache"
-    preflight: bool = True          # device checks (and, with several workers, collectives) before training
+    preflight: bool = True  # device checks (and, with several workers, collectives) before training
     expected_devices: int | None = Field(None, ge=1)  # devices each worker must see; checked by preflight
-    compiler_flags: list[str] = []   # neuronx-cc flags: appended to NEURON_CC_FLAGS for the Neuron runtime only
-    xla_flags: list[str] = []        # XLA flags (--xla_...): appended to XLA_FLAGS, checked against XLA first
+    compiler_flags: list[str] = []  # neuronx-cc flags: appended to NEURON_CC_FLAGS for the Neuron runtime only
+    xla_flags: list[str] = []  # XLA flags (--xla_...): appended to XLA_FLAGS, checked against XLA first
     neuron_target: Literal["auto", "trn1", "trn2", "trn3"] = "auto"  # auto: the runtime's own (the host's)
     collective_timeout: float = Field(600.0, gt=0)  # seconds a worker waits in a collective or barrier
 
@@ -159,7 +159,7 @@ class Recipe(_Strict):
     runtime: RuntimeSpec = RuntimeSpec()
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Recipe":
+    def _cross_checks(self) -> Recipe:
         if self.task == "sequence-classification" and not self.data.label_field:
             raise ValueError("task sequence-classification needs data.label_field")
         if self.tokenizer.pretrained is None and self.tokenizer.word_level is None and self.model.pretrained is None:
@@ -170,9 +170,14 @@ class Recipe(_Strict):
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the computation (used to refuse resuming a different run)."""
-        payload = self.model_dump(mode="json", exclude={"checkpoint": True, "train": {"max_steps", "log_every"},
-                                                        "runtime": {"compile_cache", "preflight", "expected_devices",
-                                                                    "collective_timeout"}})
+        payload = self.model_dump(
+            mode="json",
+            exclude={
+                "checkpoint": True,
+                "train": {"max_steps", "log_every"},
+                "runtime": {"compile_cache", "preflight", "expected_devices", "collective_timeout"},
+            },
+        )
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

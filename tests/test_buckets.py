@@ -7,8 +7,14 @@ from neurontrain.data.buckets import StepCostModel, bucket_for, choose_buckets, 
 
 
 def cost(compile_seconds: float, batch_size: int = 8) -> StepCostModel:
-    return StepCostModel(compile_seconds=compile_seconds, flops_per_second=1e10, step_overhead_seconds=0.01,
-                         flops_per_token=2e6, attention_flops_per_token_per_position=1e4, batch_size=batch_size)
+    return StepCostModel(
+        compile_seconds=compile_seconds,
+        flops_per_second=1e10,
+        step_overhead_seconds=0.01,
+        flops_per_token=2e6,
+        attention_flops_per_token_per_position=1e4,
+        batch_size=batch_size,
+    )
 
 
 def lognormal_lengths(n: int = 2000, seed: int = 0) -> list[int]:
@@ -35,10 +41,12 @@ def test_padding_fraction():
 
 def test_short_runs_get_fewer_buckets_than_long_runs():
     lengths = lognormal_lengths()
-    short = choose_buckets(lengths, planned_batches=40, graphs_per_bucket=1, cost=cost(5.0), max_buckets=8,
-                           multiple=8, max_length=256)
-    long = choose_buckets(lengths, planned_batches=20000, graphs_per_bucket=1, cost=cost(5.0), max_buckets=8,
-                          multiple=8, max_length=256)
+    short = choose_buckets(
+        lengths, planned_batches=40, graphs_per_bucket=1, cost=cost(5.0), max_buckets=8, multiple=8, max_length=256
+    )
+    long = choose_buckets(
+        lengths, planned_batches=20000, graphs_per_bucket=1, cost=cost(5.0), max_buckets=8, multiple=8, max_length=256
+    )
     assert len(short.buckets) < len(long.buckets)
     assert short.buckets[-1] >= max(lengths) and long.buckets[-1] >= max(lengths)
     assert long.padding_fraction < short.padding_fraction
@@ -46,10 +54,12 @@ def test_short_runs_get_fewer_buckets_than_long_runs():
 
 def test_free_compiles_use_every_allowed_bucket_and_expensive_compiles_use_one():
     lengths = lognormal_lengths()
-    free = choose_buckets(lengths, planned_batches=1000, graphs_per_bucket=2, cost=cost(0.0), max_buckets=5,
-                          multiple=8, max_length=256)
-    costly = choose_buckets(lengths, planned_batches=1000, graphs_per_bucket=2, cost=cost(1e6), max_buckets=5,
-                            multiple=8, max_length=256)
+    free = choose_buckets(
+        lengths, planned_batches=1000, graphs_per_bucket=2, cost=cost(0.0), max_buckets=5, multiple=8, max_length=256
+    )
+    costly = choose_buckets(
+        lengths, planned_batches=1000, graphs_per_bucket=2, cost=cost(1e6), max_buckets=5, multiple=8, max_length=256
+    )
     assert len(free.buckets) == 5
     assert costly.buckets == [round_up(max(lengths), 8)]
 
@@ -59,8 +69,9 @@ def test_choice_is_optimal_against_brute_force():
 
     lengths = lognormal_lengths(300, seed=3)
     c = cost(2.0)
-    best = choose_buckets(lengths, planned_batches=500, graphs_per_bucket=1, cost=c, max_buckets=3, multiple=32,
-                          max_length=256)
+    best = choose_buckets(
+        lengths, planned_batches=500, graphs_per_bucket=1, cost=c, max_buckets=3, multiple=32, max_length=256
+    )
     top = round_up(max(lengths), 32)
     candidates = sorted({round_up(n, 32) for n in lengths})
 
@@ -68,16 +79,20 @@ def test_choice_is_optimal_against_brute_force():
         n = len(lengths)
         return len(buckets) * 2.0 + sum(500 / n * c.step_seconds(bucket_for(x, buckets)) for x in lengths)
 
-    brute = min(total(list(combo) + [top]) for k in range(0, 3)
-                for combo in itertools.combinations([x for x in candidates if x < top], k))
+    brute = min(
+        total(list(combo) + [top])
+        for k in range(0, 3)
+        for combo in itertools.combinations([x for x in candidates if x < top], k)
+    )
     assert total(best.buckets) == pytest.approx(brute, rel=1e-9)
     assert best.estimated_seconds == pytest.approx(brute, rel=1e-9)
 
 
 def test_empty_lengths_rejected():
     with pytest.raises(ValueError):
-        choose_buckets([], planned_batches=1, graphs_per_bucket=1, cost=cost(1), max_buckets=2, multiple=8,
-                       max_length=64)
+        choose_buckets(
+            [], planned_batches=1, graphs_per_bucket=1, cost=cost(1), max_buckets=2, multiple=8, max_length=64
+        )
 
 
 def test_below_saturation_shorter_buckets_save_nothing():

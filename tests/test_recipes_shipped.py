@@ -5,10 +5,10 @@ accumulation and compiler flags. Recipes that name a hub model or dataset get lo
 from pathlib import Path
 
 import pytest
-
 from conftest import RECIPES, read_json, read_metrics, run_cli
-from neurontrain.recipe import load_recipe
 from recipe_standins import standin_overrides
+
+from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +20,14 @@ def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
     recipe = load_recipe(recipe_path)
     overrides = standin_overrides(recipe, tmp_path)
     # only the length of the run changes (and the warm-up, which must stay shorter than the run)
-    overrides += ["--set", f"train.max_steps={STEPS}", "--set", "train.schedule.warmup_steps=1",
-                  "--set", "train.log_every=1"]
+    overrides += [
+        "--set",
+        f"train.max_steps={STEPS}",
+        "--set",
+        "train.schedule.warmup_steps=1",
+        "--set",
+        "train.log_every=1",
+    ]
     out = tmp_path / "run"
     result = run_cli("run", str(recipe_path), *overrides, "--backend", "xla-cpu", "--output-dir", str(out))
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])

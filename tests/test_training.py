@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import RECIPES, REPO, read_json, read_metrics, run_cli
 from safetensors.torch import load_file
-
-from conftest import REPO, RECIPES, read_json, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,18 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
     result = run_cli("run", str(RECIPES / f"{recipe}.yaml"), "--output-dir", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(out / "summary.json")
-    for key in ("backend", "steps", "first_loss", "final_loss", "compilations", "distinct_graphs",
-                "unexpected_graphs", "tokens_per_second", "padding_fraction", "wall_seconds"):
+    for key in (
+        "backend",
+        "steps",
+        "first_loss",
+        "final_loss",
+        "compilations",
+        "distinct_graphs",
+        "unexpected_graphs",
+        "tokens_per_second",
+        "padding_fraction",
+        "wall_seconds",
+    ):
         assert key in summary, key
     assert summary["backend"] == "xla-cpu"
     assert summary["unexpected_graphs"] == 0, summary["unexpected"]
@@ -43,17 +53,32 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
 
 
 NO_DROPOUT = {
-    "tiny-bert-classification": ["--set", "model.config.hidden_dropout_prob=0.0",
-                                 "--set", "model.config.attention_probs_dropout_prob=0.0"],
+    "tiny-bert-classification": [
+        "--set",
+        "model.config.hidden_dropout_prob=0.0",
+        "--set",
+        "model.config.attention_probs_dropout_prob=0.0",
+    ],
     "tiny-llama-clm": ["--set", "model.config.attention_dropout=0.0"],
 }
 
 
 @pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
 def test_xla_matches_eager_reference(tmp_path: Path, recipe: str):
-    common = [str(RECIPES / f"{recipe}.yaml"), "--set", "train.max_steps=50", "--set", "train.log_every=1",
-              "--set", "checkpoint.every=0", "--set", "checkpoint.save_final=false",
-              "--set", "train.precision=fp32", *NO_DROPOUT[recipe]]
+    common = [
+        str(RECIPES / f"{recipe}.yaml"),
+        "--set",
+        "train.max_steps=50",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every=0",
+        "--set",
+        "checkpoint.save_final=false",
+        "--set",
+        "train.precision=fp32",
+        *NO_DROPOUT[recipe],
+    ]
     losses = {}
     for backend in ("xla-cpu", "eager"):
         out = tmp_path / backend
@@ -70,12 +95,20 @@ def _same_weights(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     for key in wa:
         assert wa[key].dtype == wb[key].dtype
-        assert wa[key].view(-1).view(dtype=__import__("torch").uint8).equal(
-            wb[key].view(-1).view(dtype=__import__("torch").uint8)), key
+        assert wa[key].view(-1).view(dtype=torch.uint8).equal(wb[key].view(-1).view(dtype=torch.uint8)), key
 
 
-RESUME_ARGS = [str(RECIPES / "tiny-bert-classification.yaml"), "--set", "train.max_steps=40",
-               "--set", "checkpoint.every=10", "--set", "checkpoint.keep=2", "--set", "train.log_every=1"]
+RESUME_ARGS = [
+    str(RECIPES / "tiny-bert-classification.yaml"),
+    "--set",
+    "train.max_steps=40",
+    "--set",
+    "checkpoint.every=10",
+    "--set",
+    "checkpoint.keep=2",
+    "--set",
+    "train.log_every=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +122,13 @@ def uninterrupted(tmp_path_factory) -> Path:
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrupted: Path):
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", "run", *RESUME_ARGS, "--output-dir", str(out)],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neurontrain", "run", *RESUME_ARGS, "--output-dir", str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     try:
@@ -128,8 +166,13 @@ sys.exit(main(sys.argv[1:]))
 
 def test_kill_during_checkpoint_write_then_resume_is_bit_identical(tmp_path: Path, uninterrupted: Path):
     out = tmp_path / "torn"
-    result = subprocess.run([sys.executable, "-c", KILL_DURING_CHECKPOINT_WRITE, "run", *RESUME_ARGS,
-                             "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_DURING_CHECKPOINT_WRITE, "run", *RESUME_ARGS, "--output-dir", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
     assert (out / "checkpoints" / ".step_00000020.partial" / "state.pt").exists()
     assert [p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step_00000010"]
@@ -143,10 +186,24 @@ def test_kill_during_checkpoint_write_then_resume_is_bit_identical(tmp_path: Pat
 def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
     """A recipe whose plan is wrong on purpose: buckets are dynamic but the guard must still attribute
     compiles; with fail mode a recompilation of an already compiled key stops the run (exit 1)."""
-    result = run_cli("run", str(RECIPES / "tiny-llama-clm.yaml"), "--output-dir", str(tmp_path / "g"),
-                     "--set", "train.max_steps=12", "--set", "data.buckets=dynamic", "--set", "train.log_every=1",
-                     "--set", "train.schedule.warmup_steps=0", "--set", "train.schedule.kind=constant",
-                     "--set", "checkpoint.every=0")
+    result = run_cli(
+        "run",
+        str(RECIPES / "tiny-llama-clm.yaml"),
+        "--output-dir",
+        str(tmp_path / "g"),
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "data.buckets=dynamic",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.schedule.warmup_steps=0",
+        "--set",
+        "train.schedule.kind=constant",
+        "--set",
+        "checkpoint.every=0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(tmp_path / "g" / "summary.json")
     # dynamic padding: one graph per distinct batch length, all of them planned, none unexpected
@@ -154,12 +211,26 @@ def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
     assert summary["compilations"] >= len(summary["buckets_used"]) + 1
 
 
-@pytest.mark.parametrize("variant", [["train.grad_accum=2"], ["train.precision=bf16"], ["data.last_batch=pad"]],
-                         ids=["grad-accum", "bf16", "pad-last-batch"])
+@pytest.mark.parametrize(
+    "variant",
+    [["train.grad_accum=2"], ["train.precision=bf16"], ["data.last_batch=pad"]],
+    ids=["grad-accum", "bf16", "pad-last-batch"],
+)
 def test_loop_variants_keep_one_graph_per_step_kind(tmp_path: Path, variant: list[str]):
-    args = ["run", str(RECIPES / "tiny-llama-clm.yaml"), "--output-dir", str(tmp_path / "v"),
-            "--set", "train.max_steps=12", "--set", "checkpoint.every=0", "--set", "train.schedule.warmup_steps=2",
-            "--set", "train.recompile_guard=fail"]
+    args = [
+        "run",
+        str(RECIPES / "tiny-llama-clm.yaml"),
+        "--output-dir",
+        str(tmp_path / "v"),
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "checkpoint.every=0",
+        "--set",
+        "train.schedule.warmup_steps=2",
+        "--set",
+        "train.recompile_guard=fail",
+    ]
     for item in variant:
         args += ["--set", item]
     result = run_cli(*args)

@@ -22,15 +22,15 @@ class Topology:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     max_restarts: int = 0
-    rdzv_endpoint: str | None = None   # host:port of a c10d rendezvous (multi-node, elastic); else static
+    rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous (multi-node, elastic); else static
     rdzv_id: str | None = None
-    rdzv_timeout: int = 900            # seconds to wait for every node to join
+    rdzv_timeout: int = 900  # seconds to wait for every node to join
 
     @property
     def world(self) -> int:
         return self.nproc_per_node * self.nnodes
 
-    def validate(self) -> "Topology":
+    def validate(self) -> Topology:
         for name in ("nproc_per_node", "nnodes"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -66,8 +66,16 @@ def torchrun_args(topology: Topology) -> list[str]:
         return ["--standalone", "--nnodes=1"] + args
     args.insert(0, f"--nnodes={t.nnodes}")
     if t.rdzv_endpoint is not None:
-        return args + ["--rdzv-backend=c10d", f"--rdzv-endpoint={t.rdzv_endpoint}", f"--rdzv-id={t.rdzv_id}",
-                       f"--rdzv-conf=join_timeout={t.rdzv_timeout}"]
-    return args + ["--rdzv-backend=static", f"--node-rank={t.node_rank}", f"--master-addr={t.master_addr}",
-                   f"--master-port={t.master_port}", f"--rdzv-conf=timeout={t.rdzv_timeout}"]
-
+        return args + [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={t.rdzv_endpoint}",
+            f"--rdzv-id={t.rdzv_id}",
+            f"--rdzv-conf=join_timeout={t.rdzv_timeout}",
+        ]
+    return args + [
+        "--rdzv-backend=static",
+        f"--node-rank={t.node_rank}",
+        f"--master-addr={t.master_addr}",
+        f"--master-port={t.master_port}",
+        f"--rdzv-conf=timeout={t.rdzv_timeout}",
+    ]

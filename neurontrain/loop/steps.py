@@ -28,8 +28,9 @@ def micro_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelD
     return loss.detach()
 
 
-def optimizer_step(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any,
-                   recipe: Recipe) -> float:
+def optimizer_step(
+    params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any, recipe: Recipe
+) -> float:
     """Clip, step, schedule and zero the gradients (kept as zero tensors, so every step has the same inputs).
     Returns the learning rate the step used."""
     if recipe.train.max_grad_norm is not None:
