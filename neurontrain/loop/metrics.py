@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from neurontrain.fileio import write_file_atomic
 from neurontrain.logs import get_logger, is_rank_zero
 
 
@@ -28,7 +29,7 @@ class MetricsWriter:
         if resume_step is not None and self.path.exists():
             # A killed run may have logged steps past its last checkpoint: those steps run again.
             self.records = [r for r in _read_records(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            write_file_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.records).encode())
         elif self.path.exists():
             self.path.unlink()
         self._fh = open(self.path, "a")
