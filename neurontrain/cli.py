@@ -1,6 +1,13 @@
 """`neurontrain` command line: one entry point, one-line errors, exit codes 0/1/2/3.
 
-The verbs live in `neurontrain.commands` (the COMMANDS table); only the chosen verb's module is imported.
+COMMANDS is the verb registry: verb -> (module, one-line help). The top-level parser lists every verb from it
+and imports only the chosen verb's module, so that `neurontrain --help`, `neurontrain submit ...` and usage
+errors of the light verbs never load torch. Each module in `neurontrain/commands/` defines
+
+    add_arguments(parser: argparse.ArgumentParser) -> None   # the verb's flags (and its own sub-verbs)
+    run(args: argparse.Namespace) -> int                     # the exit code; errors raise NeurontrainError
+
+A new verb is one such module and one line here.
 """
 
 from __future__ import annotations
@@ -13,8 +20,20 @@ import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
-from neurontrain.commands import COMMANDS
 from neurontrain.errors import NeurontrainError, UsageError, first_line
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("neurontrain.commands.run", "train a recipe"),
+    "precompile": ("neurontrain.commands.precompile", "discover a recipe's graphs and compile them ahead of time"),
+    "cache": ("neurontrain.commands.cache", "inspect and move the compile cache (local directory or s3://)"),
+    "checkpoint": (
+        "neurontrain.commands.checkpoint",
+        "migrate and verify checkpoints between GPU and Trainium layouts",
+    ),
+    "health": ("neurontrain.commands.health", "device and collective checks across workers; exit 3 on failure"),
+    "submit": ("neurontrain.commands.submit", "submit a recipe to SLURM or SageMaker"),
+    "env": ("neurontrain.commands.env", "print the backend, devices and package versions"),
+}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -23,7 +23,7 @@ class WorkersFailed(NeurontrainError):
 def launch(topology: Topology, worker_argv: list[str]) -> None:
     """Run `python -m neurontrain <worker_argv>` as topology.nproc_per_node workers of the job; returns when
     every worker of the group has exited 0, restarting the group up to topology.max_restarts times."""
-    # torchrun's elastic agent loads only when this process launches workers (not in the workers themselves)
+    # lazy: torchrun's elastic agent loads only in the process that launches workers, not in every worker
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError

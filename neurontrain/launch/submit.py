@@ -82,7 +82,7 @@ def aws_region(given: str | None) -> str:
     """--region, else AWS_REGION / AWS_DEFAULT_REGION, else the AWS configuration's region."""
     region = given or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if not region:
-        import boto3  # the AWS SDK loads only when the environment names no region
+        import boto3  # lazy: the AWS SDK loads only when the environment names no region
 
         region = boto3.session.Session().region_name
     if not region:
@@ -92,8 +92,8 @@ def aws_region(given: str | None) -> str:
 
 def create_training_job(job: SageMakerJob, region: str) -> dict:
     """Upload the source and create the job; AWS's refusals as one line."""
-    import boto3  # the AWS SDK loads only when a job is really created (not for --dry-run)
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    import boto3  # lazy: the AWS SDK loads only when a job is really created (not for --dry-run)
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # lazy: as boto3
 
     try:
         return submit(job, boto3.client("sagemaker", region_name=region), boto3.client("s3", region_name=region))
