@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import RECIPES, run_cli
 
 BASE = yaml.safe_load((RECIPES / "tiny-bert-classification.yaml").read_text())
@@ -94,8 +93,9 @@ def test_recipe_is_a_directory(tmp_path: Path):
 
 def test_unknown_command_and_flag():
     assert_one_line_usage_error(run_cli("fly"), "invalid choice")
-    assert_one_line_usage_error(run_cli("run", str(RECIPES / "tiny-bert-classification.yaml"), "--speed=9"),
-                                "unrecognized arguments")
+    assert_one_line_usage_error(
+        run_cli("run", str(RECIPES / "tiny-bert-classification.yaml"), "--speed=9"), "unrecognized arguments"
+    )
 
 
 def test_output_dir_is_a_file(tmp_path: Path):
@@ -119,22 +119,35 @@ def test_missing_text_field_and_bad_labels(tmp_path: Path):
     recipe["data"]["path"] = str(data)
     recipe["data"]["eval_samples"] = 0
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
-    assert_one_line_usage_error(run_cli("run", str(tmp_path / "r.yaml"), "--dry-run"),
-                                "'content' is not a column")
+    assert_one_line_usage_error(run_cli("run", str(tmp_path / "r.yaml"), "--dry-run"), "'content' is not a column")
     data.write_text('{"content": "good", "label": 7}\n{"content": "bad", "label": 0}\n')
     assert_one_line_usage_error(run_cli("run", str(tmp_path / "r.yaml"), "--dry-run"), "label 7 of sample 0")
 
 
 def test_overlong_fail_policy():
-    result = run_cli("run", str(RECIPES / "tiny-bert-classification.yaml"), "--dry-run",
-                     "--set", "data.overlong=fail", "--set", "data.max_length=32", "--set", "data.buckets=max")
+    result = run_cli(
+        "run",
+        str(RECIPES / "tiny-bert-classification.yaml"),
+        "--dry-run",
+        "--set",
+        "data.overlong=fail",
+        "--set",
+        "data.max_length=32",
+        "--set",
+        "data.buckets=max",
+    )
     assert_one_line_usage_error(result, "more than data.max_length 32")
 
 
 def test_missing_pretrained_model_offline(tmp_path: Path):
-    result = run_cli("run", str(RECIPES / "tiny-bert-classification.yaml"), "--dry-run",
-                     "--set", f"model={{pretrained: {tmp_path / 'no-model'}}}",
-                     env={"HF_HUB_OFFLINE": "1"})
+    result = run_cli(
+        "run",
+        str(RECIPES / "tiny-bert-classification.yaml"),
+        "--dry-run",
+        "--set",
+        f"model={{pretrained: {tmp_path / 'no-model'}}}",
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
 
 
@@ -153,20 +166,35 @@ def test_precompile_and_cache_usage_errors(tmp_path: Path):
     assert_one_line_usage_error(run_cli("precompile", str(tmp_path / "nope.yaml")), "nope.yaml")
     assert_one_line_usage_error(run_cli("precompile", tiny, "--cache", "ftp://x/y"), "bad cache URL")
     # no Neuron runtime (libneuronxla) importable here
-    assert_one_line_usage_error(run_cli("precompile", tiny, "--target", "neuron", "--cache", str(tmp_path)),
-                                "--target neuron needs the Neuron runtime")
+    assert_one_line_usage_error(
+        run_cli("precompile", tiny, "--target", "neuron", "--cache", str(tmp_path)),
+        "--target neuron needs the Neuron runtime",
+    )
     assert_one_line_usage_error(run_cli("cache"), "cache needs a command")
-    assert_one_line_usage_error(run_cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)),
-                                "bad duration")
+    assert_one_line_usage_error(
+        run_cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)), "bad duration"
+    )
     assert_one_line_usage_error(run_cli("cache", "status", str(tmp_path / "missing.yaml")), "missing.yaml")
 
 
-@pytest.mark.parametrize("flag, message", [("--xla_made_up_flag=1", "XLA has no flag --xla_made_up_flag"),
-                                           ("--model-type=transformer", "is not an XLA flag")])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--xla_made_up_flag=1", "XLA has no flag --xla_made_up_flag"),
+        ("--model-type=transformer", "is not an XLA flag"),
+    ],
+)
 def test_a_bad_xla_flag_is_refused_before_xla_sees_it(tmp_path, flag, message):
     """XLA aborts the whole process on an unknown XLA_FLAGS entry; the toolkit checks first."""
-    res = run_cli("run", str(RECIPES / "tiny-llama-clm.yaml"), "--set", f"runtime.xla_flags=[{flag}]",
-                  "--no-preflight", "--output-dir", str(tmp_path / "run"))
+    res = run_cli(
+        "run",
+        str(RECIPES / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.xla_flags=[{flag}]",
+        "--no-preflight",
+        "--output-dir",
+        str(tmp_path / "run"),
+    )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.stderr

@@ -3,8 +3,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import RECIPES, REPO, run_cli
+
 from neurontrain.errors import UsageError
 from neurontrain.recipe import apply_overrides, load_recipe, parse_override
 
@@ -25,8 +25,10 @@ def test_overrides_parse_yaml_values():
 def test_fingerprint_ignores_step_count_but_not_model():
     base = load_recipe(RECIPES / "tiny-llama-clm.yaml")
     assert base.fingerprint() == load_recipe(RECIPES / "tiny-llama-clm.yaml", ["train.max_steps=99"]).fingerprint()
-    assert base.fingerprint() != load_recipe(RECIPES / "tiny-llama-clm.yaml",
-                                             ["model.config.hidden_size=32"]).fingerprint()
+    assert (
+        base.fingerprint()
+        != load_recipe(RECIPES / "tiny-llama-clm.yaml", ["model.config.hidden_size=32"]).fingerprint()
+    )
 
 
 def test_bad_override_raises_usage_error():

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, read_json, run_cli
 
 pytestmark = pytest.mark.slow
@@ -18,11 +17,28 @@ TIMEOUT = 45
 
 
 def _start(tmp_path, *extra, env=None):
-    cmd = [sys.executable, "-m", "neurontrain", "health", "--nproc-per-node", "2", "--timeout", str(TIMEOUT),
-           "--sizes", "1K,64K", "--iters", "3", "--work-dir", str(tmp_path / "work"), "--json",
-           str(tmp_path / "out.json"), *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "neurontrain",
+        "health",
+        "--nproc-per-node",
+        "2",
+        "--timeout",
+        str(TIMEOUT),
+        "--sizes",
+        "1K,64K",
+        "--iters",
+        "3",
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--json",
+        str(tmp_path / "out.json"),
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_collectives(tmp_path, rank, deadline=TIMEOUT):
@@ -57,8 +73,17 @@ def _no_process_left(tmp_path, pids):
 
 
 def test_health_passes_with_every_figure(tmp_path):
-    res = run_cli("health", "--nproc-per-node", "2", "--json", str(tmp_path / "out.json"), "--work-dir",
-                  str(tmp_path / "work"), "--timeout", "90")
+    res = run_cli(
+        "health",
+        "--nproc-per-node",
+        "2",
+        "--json",
+        str(tmp_path / "out.json"),
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--timeout",
+        "90",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = read_json(tmp_path / "out.json")
     assert out["ok"] and out["bad_ranks"] == [] and out["world_size"] == 2
@@ -103,7 +128,8 @@ def test_a_worker_returning_wrong_data_is_named(tmp_path):
         "        work = _orig(out, inp, *a, **k)\n"
         "        out[0] += 1\n"
         "        return work\n"
-        "    dist.all_gather_into_tensor = _corrupt\n")
+        "    dist.all_gather_into_tensor = _corrupt\n"
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)}
     proc = _start(tmp_path, env=env)
     _, stderr = proc.communicate(timeout=TIMEOUT + 30)
@@ -114,16 +140,35 @@ def test_a_worker_returning_wrong_data_is_named(tmp_path):
 
 
 def test_a_failing_device_check_fails_the_health_check(tmp_path):
-    res = run_cli("health", "--nproc-per-node", "2", "--expect-devices", "4", "--sizes", "1K", "--iters", "2",
-                  "--json", str(tmp_path / "out.json"), "--timeout", "90")
+    res = run_cli(
+        "health",
+        "--nproc-per-node",
+        "2",
+        "--expect-devices",
+        "4",
+        "--sizes",
+        "1K",
+        "--iters",
+        "2",
+        "--json",
+        str(tmp_path / "out.json"),
+        "--timeout",
+        "90",
+    )
     assert res.returncode == 3, res.stderr[-2000:]
     bad = read_json(tmp_path / "out.json")["bad_ranks"]
     assert bad[0]["check"] == "device count" and "expected 4 devices per worker, found 1" in bad[0]["problem"]
 
 
 def test_run_with_a_failing_preflight_exits_3_before_training(tmp_path, recipes):
-    res = run_cli("run", str(recipes / "tiny-bert-classification.yaml"), "--output-dir", str(tmp_path / "run"),
-                  "--set", "runtime.expected_devices=4")
+    res = run_cli(
+        "run",
+        str(recipes / "tiny-bert-classification.yaml"),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "runtime.expected_devices=4",
+    )
     assert res.returncode == 3, res.stderr[-2000:]
     assert "preflight failed" in res.stderr and "expected 4 devices per worker, found 1" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import RECIPES
+
 from neurontrain.cli import build_parser, main
 from neurontrain.commands.arguments import launcher_only_dests, worker_argv, worker_dests
 from neurontrain.commands.submit import SAGEMAKER_CARRIED
@@ -72,8 +72,13 @@ def _sbatch_node_argv(script: Path, tmp_path: Path) -> list[str]:
     recorder = tmp_path / "record-python"
     recorder.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     recorder.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "PYTHON": str(recorder), "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0",
-           "MASTER_ADDR": "127.0.0.1"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHON": str(recorder),
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "MASTER_ADDR": "127.0.0.1",
+    }
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     argv = json.loads(done.stdout)
@@ -83,8 +88,21 @@ def _sbatch_node_argv(script: Path, tmp_path: Path) -> list[str]:
 
 def _slurm_argv(capsys, tmp_path: Path, recipe: list[str], words: list[str]) -> list[str]:
     out = [] if "--output-dir" in words else ["--output-dir", str(tmp_path / "slurm")]
-    code = main(["submit", "slurm", *recipe, "--nodes", "1", "--instance-type", "trn1.2xlarge", "--job-name",
-                 "fwd", *out, *words])
+    code = main(
+        [
+            "submit",
+            "slurm",
+            *recipe,
+            "--nodes",
+            "1",
+            "--instance-type",
+            "trn1.2xlarge",
+            "--job-name",
+            "fwd",
+            *out,
+            *words,
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return _sbatch_node_argv(Path(json.loads(captured.out)["script"]), tmp_path)
@@ -93,14 +111,37 @@ def _slurm_argv(capsys, tmp_path: Path, recipe: list[str], words: list[str]) -> 
 def _sagemaker_argv(capsys, tmp_path: Path, recipe: list[str], words: list[str]) -> tuple[list[str], Path]:
     """`submit sagemaker --dry-run`, its hyperparameters decoded as the training toolkit decodes them, then the
     entry with a recording runner: (the argv after `run`, the entry's recipe file)."""
-    code = main(["submit", "sagemaker", *recipe, "--role", ROLE, "--output", "s3://my-bucket/jobs", "--region",
-                 "us-west-2", "--instance-type", "ml.trn1.2xlarge", "--job-name", "fwd", "--dry-run", *words])
+    code = main(
+        [
+            "submit",
+            "sagemaker",
+            *recipe,
+            "--role",
+            ROLE,
+            "--output",
+            "s3://my-bucket/jobs",
+            "--region",
+            "us-west-2",
+            "--instance-type",
+            "ml.trn1.2xlarge",
+            "--job-name",
+            "fwd",
+            "--dry-run",
+            *words,
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     hps = {key: json.loads(value) for key, value in json.loads(captured.out)["HyperParameters"].items()}
     base, seen = tmp_path / "ml", []
-    env = {"SM_HPS": json.dumps(hps), "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-1",
-           "SAGEMAKER_BASE_DIR": str(base), "SM_MODEL_DIR": str(base / "model"), "NEURONTRAIN_NPROC_PER_NODE": "2"}
+    env = {
+        "SM_HPS": json.dumps(hps),
+        "SM_HOSTS": '["algo-1"]',
+        "SM_CURRENT_HOST": "algo-1",
+        "SAGEMAKER_BASE_DIR": str(base),
+        "SM_MODEL_DIR": str(base / "model"),
+        "NEURONTRAIN_NPROC_PER_NODE": "2",
+    }
     assert sagemaker_entry(env, lambda argv: seen.append(argv) or 0) == 0
     assert seen[0][0] == "run"
     return seen[0][1:], base / "checkpoints" / "sagemaker-recipe.json"
@@ -144,8 +185,31 @@ def test_run_argument_reaches_every_worker_or_none(dest, tmp_path, capsys):
 
 
 def test_worker_argv_is_what_run_launches_through_torchrun(tmp_path):
-    args = RUN.parse_args([LLAMA, "-o", str(tmp_path), "--set", "train.max_steps=3", "--backend", "xla-cpu",
-                           "--no-preflight", "--nproc-per-node", "2", "--max-restarts", "1", "--dry-run"])
+    args = RUN.parse_args(
+        [
+            LLAMA,
+            "-o",
+            str(tmp_path),
+            "--set",
+            "train.max_steps=3",
+            "--backend",
+            "xla-cpu",
+            "--no-preflight",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--dry-run",
+        ]
+    )
     argv = worker_argv(args)
-    assert argv == [LLAMA, "--output-dir", str(tmp_path), "--set", "train.max_steps=3", "--backend", "xla-cpu",
-                    "--no-preflight"]
+    assert argv == [
+        LLAMA,
+        "--output-dir",
+        str(tmp_path),
+        "--set",
+        "train.max_steps=3",
+        "--backend",
+        "xla-cpu",
+        "--no-preflight",
+    ]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import RECIPES, read_json, run_cli
 
 pytestmark = pytest.mark.slow
@@ -29,13 +28,28 @@ def _opt_ml(root: Path, request: dict, data: Path) -> dict:
     hps["sagemaker_submit_directory"] = json.dumps(str(tarball))  # a local tarball instead of the S3 object
     (config / "hyperparameters.json").write_text(json.dumps(hps))
     instance = request["ResourceConfig"]["InstanceType"]
-    (config / "resourceconfig.json").write_text(json.dumps({
-        "current_host": "algo-1", "hosts": ["algo-1"], "current_instance_type": instance,
-        "current_group_name": "homogeneousCluster", "network_interface_name": "eth0",
-        "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": instance,
-                             "hosts": ["algo-1"]}]}))
-    channels = {c["ChannelName"]: {"TrainingInputMode": c["InputMode"], "S3DistributionType": "FullyReplicated",
-                                   "RecordWrapperType": "None"} for c in request["InputDataConfig"]}
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {
+                "current_host": "algo-1",
+                "hosts": ["algo-1"],
+                "current_instance_type": instance,
+                "current_group_name": "homogeneousCluster",
+                "network_interface_name": "eth0",
+                "instance_groups": [
+                    {"instance_group_name": "homogeneousCluster", "instance_type": instance, "hosts": ["algo-1"]}
+                ],
+            }
+        )
+    )
+    channels = {
+        c["ChannelName"]: {
+            "TrainingInputMode": c["InputMode"],
+            "S3DistributionType": "FullyReplicated",
+            "RecordWrapperType": "None",
+        }
+        for c in request["InputDataConfig"]
+    }
     (config / "inputdataconfig.json").write_text(json.dumps(channels))
     for name in channels:  # SageMaker downloads each channel's objects into input/data/<channel>/
         (root / "input" / "data" / name).mkdir(parents=True)
@@ -45,26 +59,69 @@ def _opt_ml(root: Path, request: dict, data: Path) -> dict:
 
 def test_entry_script_trains_inside_the_sagemaker_training_toolkit(tmp_path):
     import sagemaker_training  # noqa: F401  (a test dependency: fail, do not skip, when it is missing)
+
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog {i % 7} " * 3})
-                            + "\n" for i in range(200)))
-    result = run_cli("submit", "sagemaker", str(RECIPES / "tiny-llama-clm.yaml"), "--role",
-                     "arn:aws:iam::123456789012:role/Trainer", "--output", "s3://neurontrain-jobs/runs",
-                     "--instance-type", "ml.trn1.2xlarge", "--region", "us-west-2", "--job-name", "tk-1",
-                     "--input", "train=s3://neurontrain-data/sets/train.jsonl", "--set", "data.source=json",
-                     "--set", "data.train_samples=null", "--set", "data.eval_samples=16", "--set", "train.max_steps=4",
-                     "--set", "train.log_every=1", "--set", "checkpoint.every=2", "--set", "data.buckets=[64,128]",
-                     "--set", "train.schedule.warmup_steps=1", "--dry-run", timeout=60)
+    data.write_text(
+        "".join(
+            json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog {i % 7} " * 3}) + "\n"
+            for i in range(200)
+        )
+    )
+    result = run_cli(
+        "submit",
+        "sagemaker",
+        str(RECIPES / "tiny-llama-clm.yaml"),
+        "--role",
+        "arn:aws:iam::123456789012:role/Trainer",
+        "--output",
+        "s3://neurontrain-jobs/runs",
+        "--instance-type",
+        "ml.trn1.2xlarge",
+        "--region",
+        "us-west-2",
+        "--job-name",
+        "tk-1",
+        "--input",
+        "train=s3://neurontrain-data/sets/train.jsonl",
+        "--set",
+        "data.source=json",
+        "--set",
+        "data.train_samples=null",
+        "--set",
+        "data.eval_samples=16",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "data.buckets=[64,128]",
+        "--set",
+        "train.schedule.warmup_steps=1",
+        "--dry-run",
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     request = json.loads(result.stdout)
     root = tmp_path / "opt" / "ml"
     _opt_ml(root, request, data)
-    env = {**request["Environment"], "SAGEMAKER_BASE_DIR": str(root), "NEURONTRAIN_CACHE_DIR": str(tmp_path / "cc"),
-           "SM_STUDIO_LOCAL_MODE": "true",  # the toolkit's switch for hosts that do not resolve algo-N names
-           "AWS_REGION": "us-west-2", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([sys.executable, "-c", "from sagemaker_training import trainer; trainer.train()"],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
+    env = {
+        **request["Environment"],
+        "SAGEMAKER_BASE_DIR": str(root),
+        "NEURONTRAIN_CACHE_DIR": str(tmp_path / "cc"),
+        "SM_STUDIO_LOCAL_MODE": "true",  # the toolkit's switch for hosts that do not resolve algo-N names
+        "AWS_REGION": "us-west-2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", "from sagemaker_training import trainer; trainer.train()"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     assert (root / "output" / "success").exists()
@@ -77,6 +134,7 @@ def test_entry_script_trains_inside_the_sagemaker_training_toolkit(tmp_path):
     for metric in request["AlgorithmSpecification"]["MetricDefinitions"]:
         values = [float(m.group(1)) for m in re.finditer(metric["Regex"], log)]
         assert values, metric["Name"]
-    losses = [float(m.group(1)) for m in re.finditer(request["AlgorithmSpecification"]["MetricDefinitions"][0]["Regex"],
-                                                     log)]
+    losses = [
+        float(m.group(1)) for m in re.finditer(request["AlgorithmSpecification"]["MetricDefinitions"][0]["Regex"], log)
+    ]
     assert len(losses) == 4 and losses[-1] == pytest.approx(summary["final_loss"])

@@ -11,15 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RECIPES, read_json, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
 LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
 BERT = str(RECIPES / "tiny-bert-classification.yaml")
-LLAMA_ARGS = ["--set", "train.max_steps=16", "--set", "train.log_every=1", "--set", "checkpoint.every=4",
-              "--set", "data.buckets=[128]"]
+LLAMA_ARGS = [
+    "--set",
+    "train.max_steps=16",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "checkpoint.every=4",
+    "--set",
+    "data.buckets=[128]",
+]
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -74,10 +81,31 @@ def llama_two_workers(tmp_path_factory) -> Path:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))  # the job inherits it: the script raises it
         try:
-            result = run_cli("submit", "slurm", LLAMA, "--nodes", "2", "--nproc-per-node", "1", "--backend", "xla-cpu",
-                             "-o", str(out), "--master-port", str(_free_port()), "--max-restarts", "0", "--submit",
-                             "--job-name", "llama-dp", "--node-cache-dir", str(root / "node-cache"), *LLAMA_ARGS,
-                             env=env, timeout=120)
+            result = run_cli(
+                "submit",
+                "slurm",
+                LLAMA,
+                "--nodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--backend",
+                "xla-cpu",
+                "-o",
+                str(out),
+                "--master-port",
+                str(_free_port()),
+                "--max-restarts",
+                "0",
+                "--submit",
+                "--job-name",
+                "llama-dp",
+                "--node-cache-dir",
+                str(root / "node-cache"),
+                *LLAMA_ARGS,
+                env=env,
+                timeout=120,
+            )
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert result.returncode == 0, result.stderr
@@ -85,8 +113,9 @@ def llama_two_workers(tmp_path_factory) -> Path:
         state = cluster.wait(submitted["job_id"], timeout=400)
         logs = sorted(Path(submitted["node_logs"]).glob("node-*.log"))
         assert state == "COMPLETED", "\n".join(p.read_text()[-3000:] for p in logs) or state
-        (root / "slurm-job.json").write_text(json.dumps({
-            **submitted, "state": state, "reserved_ports": reserved.read_text().strip()}))
+        (root / "slurm-job.json").write_text(
+            json.dumps({**submitted, "state": state, "reserved_ports": reserved.read_text().strip()})
+        )
     finally:
         cluster.stop()
         reserved.write_text(reserved_before.strip() or "\n")  # the job reserved the root-comm port: undo
@@ -110,9 +139,21 @@ def test_two_llama_workers_match_one_worker_with_the_same_global_batch(llama_two
 
 def test_two_bert_workers_match_one_worker(tmp_path):
     # Dropout off: a mask drawn per worker cannot equal a mask drawn for the whole batch.
-    common = ["--no-preflight", "--set", "train.max_steps=12", "--set", "train.log_every=1", "--set",
-              "checkpoint.every=0", "--set", "data.buckets=[128]", "--set", "model.config.hidden_dropout_prob=0",
-              "--set", "model.config.attention_probs_dropout_prob=0"]
+    common = [
+        "--no-preflight",
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every=0",
+        "--set",
+        "data.buckets=[128]",
+        "--set",
+        "model.config.hidden_dropout_prob=0",
+        "--set",
+        "model.config.attention_probs_dropout_prob=0",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
     r1 = run_cli("run", BERT, "-o", str(one), "--set", "data.batch_size=16", *common)
     r2 = run_cli("run", BERT, "-o", str(two), "--nproc-per-node", "2", "--set", "data.batch_size=8", *common)
@@ -133,17 +174,36 @@ def _worker_pid(output_dir: Path, rank: int) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(output_dir).encode() in cmdline and f"RANK={rank}".encode() in environ \
-                and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ):
+        if (
+            str(output_dir).encode() in cmdline
+            and f"RANK={rank}".encode() in environ
+            and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ)
+        ):
             return int(proc.name)
     return None
 
 
 def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", "run", LLAMA, "-o", str(out), "--nproc-per-node", "2",
-                             "--max-restarts", "1", *LLAMA_ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neurontrain",
+            "run",
+            LLAMA,
+            "-o",
+            str(out),
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            *LLAMA_ARGS,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while not (out / "checkpoints" / "step_00000004" / "COMPLETE").exists():
@@ -166,14 +226,26 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_wo
     assert verify.returncode == 0 and "EQUAL" in verify.stdout, verify.stdout + verify.stderr
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--nproc-per-node", "2", "--set", "train.global_batch_size=24"], 2,
-     "train.global_batch_size 24 is not divisible by data.batch_size 8 x 2 workers = 16"),
-    (["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid"], 2,
-     "cannot resolve the master address"),
-    (["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"], 1,
-     "rendezvous at 127.0.0.1:1"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (
+            ["--nproc-per-node", "2", "--set", "train.global_batch_size=24"],
+            2,
+            "train.global_batch_size 24 is not divisible by data.batch_size 8 x 2 workers = 16",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid"],
+            2,
+            "cannot resolve the master address",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"],
+            1,
+            "rendezvous at 127.0.0.1:1",
+        ),
+    ],
+)
 def test_bad_combinations_exit_with_one_line(tmp_path, args, code, message):
     t0 = time.time()
     result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), *args, timeout=120)
@@ -185,8 +257,17 @@ def test_bad_combinations_exit_with_one_line(tmp_path, args, code, message):
 
 
 def test_failing_worker_preflight_exits_3_naming_the_rank(tmp_path):
-    result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), "--nproc-per-node", "2",
-                     "--set", "runtime.expected_devices=4", timeout=180)
+    result = run_cli(
+        "run",
+        LLAMA,
+        "-o",
+        str(tmp_path / "out"),
+        "--nproc-per-node",
+        "2",
+        "--set",
+        "runtime.expected_devices=4",
+        timeout=180,
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert "preflight failed on xla-cpu, rank 0" in result.stderr and "device count" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")

@@ -2,10 +2,10 @@
 the data-parallel plan (the sbatch script and the SageMaker request: test_submit_pure.py)."""
 
 import pytest
-
 from conftest import RECIPES
-from neurontrain.data.collate import Collator
+
 from neurontrain.data.batching import IndexBatch as PlannedBatch
+from neurontrain.data.collate import Collator
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
 from neurontrain.launch.topology import Topology, torchrun_args
@@ -17,12 +17,16 @@ def test_torchrun_args_single_node_is_standalone():
 
 
 def test_torchrun_args_multi_node_static_and_c10d():
-    static = torchrun_args(Topology(nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29400,
-                                    rdzv_timeout=60).validate())
+    static = torchrun_args(
+        Topology(
+            nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29400, rdzv_timeout=60
+        ).validate()
+    )
     assert "--rdzv-backend=static" in static and "--node-rank=1" in static and "--master-addr=10.0.0.5" in static
     assert "--master-port=29400" in static and "--rdzv-conf=timeout=60" in static and "--nnodes=2" in static
-    c10d = torchrun_args(Topology(nproc_per_node=32, nnodes=4, rdzv_endpoint="head:29500", rdzv_id="77",
-                                  max_restarts=2).validate())
+    c10d = torchrun_args(
+        Topology(nproc_per_node=32, nnodes=4, rdzv_endpoint="head:29500", rdzv_id="77", max_restarts=2).validate()
+    )
     assert "--rdzv-backend=c10d" in c10d and "--rdzv-endpoint=head:29500" in c10d and "--rdzv-id=77" in c10d
     # torchrun's own parser accepts what we build
     from torch.distributed import run as torchrun
@@ -31,15 +35,18 @@ def test_torchrun_args_multi_node_static_and_c10d():
     assert parsed.nproc_per_node == "32" and parsed.max_restarts == 2 and parsed.training_script == "neurontrain"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"nproc_per_node": 0}, "--nproc-per-node"),
-    ({"nnodes": 2, "node_rank": 2}, "--node-rank"),
-    ({"max_restarts": -1}, "--max-restarts"),
-    ({"master_port": 70000}, "--master-port"),
-    ({"master_addr": "a b"}, "--master-addr"),
-    ({"nnodes": 2, "rdzv_endpoint": "head"}, "HOST:PORT"),
-    ({"nnodes": 2, "rdzv_endpoint": "head:1"}, "--rdzv-id"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"nproc_per_node": 0}, "--nproc-per-node"),
+        ({"nnodes": 2, "node_rank": 2}, "--node-rank"),
+        ({"max_restarts": -1}, "--max-restarts"),
+        ({"master_port": 70000}, "--master-port"),
+        ({"master_addr": "a b"}, "--master-addr"),
+        ({"nnodes": 2, "rdzv_endpoint": "head"}, "HOST:PORT"),
+        ({"nnodes": 2, "rdzv_endpoint": "head:1"}, "--rdzv-id"),
+    ],
+)
 def test_bad_topologies(fields, message):
     with pytest.raises(UsageError, match=message):
         Topology(**fields).validate()

@@ -12,8 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import RECIPES, REPO, run_cli
+
 from neurontrain.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -37,22 +37,54 @@ def _usage_error(capsys, *args: str) -> str:
 
 # -- Slurm ------------------------------------------------------------------------------------------------------
 def test_sbatch_script_static_rendezvous_neuron_env_and_node_settings(tmp_path, capsys):
-    code, out, err = _cli(capsys, "submit", "slurm", LLAMA, "--nodes", "4", "--job-name", "j1", "-o",
-                          str(tmp_path / "run dir"), "--partition", "trn1", "--time", "12:00:00", "--compile-cache",
-                          "s3://my-bucket/cache", "--set", "train.max_steps=7", "--set", "data.text_field=my text")
+    code, out, err = _cli(
+        capsys,
+        "submit",
+        "slurm",
+        LLAMA,
+        "--nodes",
+        "4",
+        "--job-name",
+        "j1",
+        "-o",
+        str(tmp_path / "run dir"),
+        "--partition",
+        "trn1",
+        "--time",
+        "12:00:00",
+        "--compile-cache",
+        "s3://my-bucket/cache",
+        "--set",
+        "train.max_steps=7",
+        "--set",
+        "data.text_field=my text",
+    )
     assert code == 0, err
     assert json.loads(out)["workers"] == 128
     script_path = tmp_path / "run dir" / "j1.sbatch"
     script = script_path.read_text()
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=trn1",
-                 "#SBATCH --time=12:00:00", f'#SBATCH --output="{tmp_path / "run dir"}/slurm-%j.out"',
-                 "export FI_PROVIDER=efa", "export FI_EFA_USE_DEVICE_RDMA=1", "export FI_EFA_FORK_SAFE=1",
-                 'export NEURON_RT_ROOT_COMM_ID="$MASTER_ADDR:41000"', "--nproc-per-node=32",
-                 '--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID"',
-                 '--master-addr="$MASTER_ADDR" --master-port=29500', "--set train.max_steps=7",
-                 "--set 'data.text_field=my text'", "--set runtime.compile_cache=s3://my-bucket/cache",
-                 "export NEURONTRAIN_CACHE_DIR=/var/tmp/neurontrain-cache", "ulimit -n 65535",
-                 "net.ipv4.ip_local_reserved_ports", '--cpus-per-task="$SLURM_CPUS_ON_NODE"', "node-%n.log"):
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=trn1",
+        "#SBATCH --time=12:00:00",
+        f'#SBATCH --output="{tmp_path / "run dir"}/slurm-%j.out"',
+        "export FI_PROVIDER=efa",
+        "export FI_EFA_USE_DEVICE_RDMA=1",
+        "export FI_EFA_FORK_SAFE=1",
+        'export NEURON_RT_ROOT_COMM_ID="$MASTER_ADDR:41000"',
+        "--nproc-per-node=32",
+        '--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID"',
+        '--master-addr="$MASTER_ADDR" --master-port=29500',
+        "--set train.max_steps=7",
+        "--set 'data.text_field=my text'",
+        "--set runtime.compile_cache=s3://my-bucket/cache",
+        "export NEURONTRAIN_CACHE_DIR=/var/tmp/neurontrain-cache",
+        "ulimit -n 65535",
+        "net.ipv4.ip_local_reserved_ports",
+        '--cpus-per-task="$SLURM_CPUS_ON_NODE"',
+        "node-%n.log",
+    ):
         assert line in script, line
     assert f"--output-dir '{tmp_path / 'run dir'}'" in script
     assert "NEURON_COMPILE_CACHE_URL" not in script and "rdzv-endpoint" not in script
@@ -62,16 +94,40 @@ def test_sbatch_script_static_rendezvous_neuron_env_and_node_settings(tmp_path, 
 def test_sbatch_node_function_passes_every_value_through_quoting(tmp_path, capsys):
     """Run the script's own node function with a stand-in interpreter that records its argv."""
     odd = tmp_path / "it's a dir"
-    assert _cli(capsys, "submit", "slurm", LLAMA, "--nodes", "2", "--nproc-per-node", "2", "-o", str(odd),
-                "--job-name", "q", "--set", "data.text_field=a b; echo $HOME", "--node-cache-dir",
-                str(tmp_path / "cache"))[0] == 0
+    assert (
+        _cli(
+            capsys,
+            "submit",
+            "slurm",
+            LLAMA,
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "-o",
+            str(odd),
+            "--job-name",
+            "q",
+            "--set",
+            "data.text_field=a b; echo $HOME",
+            "--node-cache-dir",
+            str(tmp_path / "cache"),
+        )[0]
+        == 0
+    )
     recorder = tmp_path / "python"
     recorder.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     recorder.chmod(0o755)
     script = (odd / "q.sbatch").read_text()
-    function = script[script.index("neurontrain_node() {"):script.index("export -f neurontrain_node")]
-    env = {"PATH": os.environ["PATH"], "PYTHON": str(recorder), "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
-           "MASTER_ADDR": "10.0.0.7", "NEURONTRAIN_CACHE_DIR": str(tmp_path / "cache")}
+    function = script[script.index("neurontrain_node() {") : script.index("export -f neurontrain_node")]
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHON": str(recorder),
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": "1",
+        "MASTER_ADDR": "10.0.0.7",
+        "NEURONTRAIN_CACHE_DIR": str(tmp_path / "cache"),
+    }
     reserved = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
     before = reserved.read_text() if reserved.exists() else None
     try:
@@ -88,28 +144,65 @@ def test_sbatch_node_function_passes_every_value_through_quoting(tmp_path, capsy
 
 
 def test_sbatch_trn2_runs_64_workers_a_node_with_logical_core_config(tmp_path, capsys):
-    code, out, _ = _cli(capsys, "submit", "slurm", LLAMA, "--nodes", "2", "--instance-type", "trn2", "-o",
-                        str(tmp_path), "--job-name", "t2", "--set", "data.batch_size=4")
+    code, out, _ = _cli(
+        capsys,
+        "submit",
+        "slurm",
+        LLAMA,
+        "--nodes",
+        "2",
+        "--instance-type",
+        "trn2",
+        "-o",
+        str(tmp_path),
+        "--job-name",
+        "t2",
+        "--set",
+        "data.batch_size=4",
+    )
     assert code == 0 and json.loads(out)["workers"] == 128
     script = (tmp_path / "t2.sbatch").read_text()
     assert "--nproc-per-node=64" in script and "export NEURON_LOGICAL_NC_CONFIG=2" in script
     single = tmp_path / "one"
-    assert _cli(capsys, "submit", "slurm", LLAMA, "--nodes", "1", "--instance-type", "trn1.2xlarge", "-o", str(single),
-                "--job-name", "s")[0] == 0
-    assert "--nproc-per-node=2" in (single / "s.sbatch").read_text() and "FI_PROVIDER" not in (single / "s.sbatch").read_text()
+    assert (
+        _cli(
+            capsys,
+            "submit",
+            "slurm",
+            LLAMA,
+            "--nodes",
+            "1",
+            "--instance-type",
+            "trn1.2xlarge",
+            "-o",
+            str(single),
+            "--job-name",
+            "s",
+        )[0]
+        == 0
+    )
+    assert (
+        "--nproc-per-node=2" in (single / "s.sbatch").read_text()
+        and "FI_PROVIDER" not in (single / "s.sbatch").read_text()
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--instance-type", "trn1.32xlage"], "is not a Trainium instance type (did you mean trn1.32xlarge?)"),
-    (["--instance-type", "trn3"], "is not a Trainium instance type"),
-    (["--master-port", "41000"], "Neuron root communicator's port"),
-    (["--partition", "a b"], "is not a Slurm name"),
-    (["--compile-cache", "s3://Bad_Bucket/x"], "bad S3 bucket name"),
-    (["--set", "train.global_batch_size=24", "--nproc-per-node", "2"],
-     "train.global_batch_size 24 is not divisible by data.batch_size 8 x 4 workers = 32"),
-    (["--set", "data.train_samples=100"], "100 training samples make no global batch of 8 x 64 workers"),
-    (["--set", "data.train_samples=40"], "64 workers but only 40 training samples"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--instance-type", "trn1.32xlage"], "is not a Trainium instance type (did you mean trn1.32xlarge?)"),
+        (["--instance-type", "trn3"], "is not a Trainium instance type"),
+        (["--master-port", "41000"], "Neuron root communicator's port"),
+        (["--partition", "a b"], "is not a Slurm name"),
+        (["--compile-cache", "s3://Bad_Bucket/x"], "bad S3 bucket name"),
+        (
+            ["--set", "train.global_batch_size=24", "--nproc-per-node", "2"],
+            "train.global_batch_size 24 is not divisible by data.batch_size 8 x 4 workers = 32",
+        ),
+        (["--set", "data.train_samples=100"], "100 training samples make no global batch of 8 x 64 workers"),
+        (["--set", "data.train_samples=40"], "64 workers but only 40 training samples"),
+    ],
+)
 def test_submit_slurm_bad_input_is_one_line_before_any_script(tmp_path, capsys, args, message):
     last = _usage_error(capsys, "submit", "slurm", LLAMA, "--nodes", "2", "-o", str(tmp_path), *args)
     assert message in last, last
@@ -123,7 +216,8 @@ def test_submit_needs_neither_torch_nor_torch_xla(tmp_path):
         f"assert main(['submit', 'slurm', {LLAMA!r}, '--nodes', '2', '-o', {str(tmp_path)!r}]) == 0\n"
         f"assert main(['submit', 'sagemaker', {LLAMA!r}, '--role', {ROLE!r}, '--output', 's3://b-1/x', "
         "'--region', 'us-east-1', '--dry-run']) == 0\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla', 'transformers')))\n")
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla', 'transformers')))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
@@ -131,8 +225,22 @@ def test_submit_needs_neither_torch_nor_torch_xla(tmp_path):
 
 # -- SageMaker ----------------------------------------------------------------------------------------------------
 def _request(capsys, *args: str) -> dict:
-    code, out, err = _cli(capsys, "submit", "sagemaker", LLAMA, "--role", ROLE, "--output", "s3://my-bucket/jobs",
-                          "--region", "us-west-2", "--job-name", "tiny-1", "--dry-run", *args)
+    code, out, err = _cli(
+        capsys,
+        "submit",
+        "sagemaker",
+        LLAMA,
+        "--role",
+        ROLE,
+        "--output",
+        "s3://my-bucket/jobs",
+        "--region",
+        "us-west-2",
+        "--job-name",
+        "tiny-1",
+        "--dry-run",
+        *args,
+    )
     assert code == 0, err
     return json.loads(out)
 
@@ -142,12 +250,24 @@ def test_sagemaker_request_is_valid_for_the_api(capsys):
     import boto3
     from botocore.stub import Stubber
 
-    request = _request(capsys, "--instance-count", "2", "--compile-cache", "s3://my-bucket/cache", "--input",
-                       "train=s3://my-data/sets/train.jsonl", "--set", "data.source=json", "--max-retries", "2")
+    request = _request(
+        capsys,
+        "--instance-count",
+        "2",
+        "--compile-cache",
+        "s3://my-bucket/cache",
+        "--input",
+        "train=s3://my-data/sets/train.jsonl",
+        "--set",
+        "data.source=json",
+        "--max-retries",
+        "2",
+    )
     client = boto3.client("sagemaker", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
     with Stubber(client) as stub:
-        stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-west-2:1:training-job/tiny-1"},
-                          request)
+        stub.add_response(
+            "create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-west-2:1:training-job/tiny-1"}, request
+        )
         assert client.create_training_job(**request)["TrainingJobArn"].endswith("tiny-1")
     hp, env = request["HyperParameters"], request["Environment"]
     assert json.loads(hp["sagemaker_program"]) == "neurontrain_sagemaker_entry.py"
@@ -158,18 +278,26 @@ def test_sagemaker_request_is_valid_for_the_api(capsys):
     assert env["NEURONTRAIN_NPROC_PER_NODE"] == "32" and env["FI_PROVIDER"] == "efa"
     assert request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://my-data/sets/train.jsonl"
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
-    assert request["CheckpointConfig"] == {"S3Uri": "s3://my-bucket/jobs/tiny-1/checkpoints",
-                                           "LocalPath": "/opt/ml/checkpoints"}
+    assert request["CheckpointConfig"] == {
+        "S3Uri": "s3://my-bucket/jobs/tiny-1/checkpoints",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     assert request["ResourceConfig"]["InstanceCount"] == 2
 
 
-@pytest.mark.parametrize("instance, count, efa, workers", [
-    ("ml.trn1.32xlarge", 1, False, "32"), ("ml.trn1n.32xlarge", 4, True, "32"), ("ml.trn2.48xlarge", 2, True, "64"),
-    ("ml.trn1.2xlarge", 3, False, "2"),
-])
+@pytest.mark.parametrize(
+    "instance, count, efa, workers",
+    [
+        ("ml.trn1.32xlarge", 1, False, "32"),
+        ("ml.trn1n.32xlarge", 4, True, "32"),
+        ("ml.trn2.48xlarge", 2, True, "64"),
+        ("ml.trn1.2xlarge", 3, False, "2"),
+    ],
+)
 def test_sagemaker_efa_for_every_multi_node_trainium_type(capsys, instance, count, efa, workers):
-    env = _request(capsys, "--instance-type", instance, "--instance-count", str(count), "--set",
-                   "data.batch_size=2")["Environment"]
+    env = _request(capsys, "--instance-type", instance, "--instance-count", str(count), "--set", "data.batch_size=2")[
+        "Environment"
+    ]
     assert ("FI_PROVIDER" in env) == efa and (env.get("FI_EFA_USE_DEVICE_RDMA") == "1") == efa
     assert env["NEURONTRAIN_NPROC_PER_NODE"] == workers
 
@@ -191,8 +319,13 @@ def _published() -> tuple[dict[str, str], dict[str, str]]:
         text = path.read_text()
         sdk = re.search(r'^sdk: "([0-9.]+)"', text, re.M).group(1)
         tags[sdk] = re.search(r'^  - "([^"]+)"', text, re.M).group(1)
-    accounts = dict(re.findall(r"^\| [^|]+ \| ([a-z]+-[a-z]+-\d) \| (\d{12}) \|$",
-                               (DATA / "dlc" / "region_availability.md").read_text(), re.M))
+    accounts = dict(
+        re.findall(
+            r"^\| [^|]+ \| ([a-z]+-[a-z]+-\d) \| (\d{12}) \|$",
+            (DATA / "dlc" / "region_availability.md").read_text(),
+            re.M,
+        )
+    )
     return tags, accounts
 
 
@@ -213,23 +346,28 @@ def test_image_uri_for_every_release_and_region_matches_the_published_list():
             assert dlc.image_uri(region, sdk) == f"{account}.dkr.ecr.{region}{suffix}/pytorch-training-neuronx:{tag}"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--instance-type", "ml.trn1.32xlage"], "(did you mean ml.trn1.32xlarge?)"),
-    (["--instance-type", "ml.p4d.24xlarge"], "is not a Trainium instance: the Neuron training image runs on"),
-    (["--region", "us-west-22"], "--region 'us-west-22' is not an AWS region with Neuron training images "
-                                 "(did you mean us-west-2?)"),
-    (["--output", "s3://My_Bucket/jobs"], "bad S3 bucket name 'My_Bucket'"),
-    (["--output", "s3://ab/jobs"], "bad S3 bucket name 'ab'"),
-    (["--output", "s3://my..bucket/jobs"], "no '..'"),
-    (["--input", "train=s3://192.168.1.1/x"], "not an IP address"),
-    (["--input", "train"], "expected NAME=s3://bucket/prefix"),
-    (["--role", "Trainer"], "IAM role ARN"),
-    (["--neuron-sdk", "2.30.0"], "Neuron 2.30.0 no longer supports PyTorch/XLA training"),
-    (["--neuron-sdk", "2.99.0"], "has no published PyTorch 2.9 training image"),
-    (["--set", "data.source=json", "--set", "data.path=train.jsonl"], "upload it to S3 and pass --input train="),
-    (["--input", "a=s3://my-data/a", "--input", "b=s3://my-data/b"], "pass --data-channel"),
-    (["--compile-cache", "/shared/cache"], "--compile-cache '/shared/cache' must be s3://bucket/prefix"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--instance-type", "ml.trn1.32xlage"], "(did you mean ml.trn1.32xlarge?)"),
+        (["--instance-type", "ml.p4d.24xlarge"], "is not a Trainium instance: the Neuron training image runs on"),
+        (
+            ["--region", "us-west-22"],
+            "--region 'us-west-22' is not an AWS region with Neuron training images (did you mean us-west-2?)",
+        ),
+        (["--output", "s3://My_Bucket/jobs"], "bad S3 bucket name 'My_Bucket'"),
+        (["--output", "s3://ab/jobs"], "bad S3 bucket name 'ab'"),
+        (["--output", "s3://my..bucket/jobs"], "no '..'"),
+        (["--input", "train=s3://192.168.1.1/x"], "not an IP address"),
+        (["--input", "train"], "expected NAME=s3://bucket/prefix"),
+        (["--role", "Trainer"], "IAM role ARN"),
+        (["--neuron-sdk", "2.30.0"], "Neuron 2.30.0 no longer supports PyTorch/XLA training"),
+        (["--neuron-sdk", "2.99.0"], "has no published PyTorch 2.9 training image"),
+        (["--set", "data.source=json", "--set", "data.path=train.jsonl"], "upload it to S3 and pass --input train="),
+        (["--input", "a=s3://my-data/a", "--input", "b=s3://my-data/b"], "pass --data-channel"),
+        (["--compile-cache", "/shared/cache"], "--compile-cache '/shared/cache' must be s3://bucket/prefix"),
+    ],
+)
 def test_submit_sagemaker_bad_input_is_one_line(capsys, args, message):
     base = {"--role": ROLE, "--output": "s3://my-bucket/jobs", "--region": "us-west-2"}
     for i in range(0, len(args) - 1):
@@ -244,9 +382,22 @@ def test_submit_sagemaker_against_a_local_endpoint(s3_bucket):
     import boto3
 
     bucket, s3 = s3_bucket
-    result = run_cli("submit", "sagemaker", str(RECIPES / "tiny-bert-classification.yaml"), "--role", ROLE,
-                     "--instance-count", "2", "--output", f"s3://{bucket}/jobs", "--job-name", "bert-7", "--region",
-                     "us-east-1", timeout=120)
+    result = run_cli(
+        "submit",
+        "sagemaker",
+        str(RECIPES / "tiny-bert-classification.yaml"),
+        "--role",
+        ROLE,
+        "--instance-count",
+        "2",
+        "--output",
+        f"s3://{bucket}/jobs",
+        "--job-name",
+        "bert-7",
+        "--region",
+        "us-east-1",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["checkpoints"] == f"s3://{bucket}/jobs/bert-7/checkpoints"
@@ -321,9 +472,15 @@ def test_entry_publishes_the_model_and_prints_metric_lines(tmp_path, capsys):
         print(json.dumps({"final_loss": 2.5}))
         return 0
 
-    env = {"SM_HPS": json.dumps({"recipe.name": "x", "recipe.data.path": None}), "SM_HOSTS": '["algo-1"]',
-           "SM_CURRENT_HOST": "algo-1", "SAGEMAKER_BASE_DIR": str(base), "SM_MODEL_DIR": str(base / "model"),
-           "SM_OUTPUT_DATA_DIR": str(base / "output" / "data"), "NEURONTRAIN_NPROC_PER_NODE": "2"}
+    env = {
+        "SM_HPS": json.dumps({"recipe.name": "x", "recipe.data.path": None}),
+        "SM_HOSTS": '["algo-1"]',
+        "SM_CURRENT_HOST": "algo-1",
+        "SAGEMAKER_BASE_DIR": str(base),
+        "SM_MODEL_DIR": str(base / "model"),
+        "SM_OUTPUT_DATA_DIR": str(base / "output" / "data"),
+        "NEURONTRAIN_NPROC_PER_NODE": "2",
+    }
     assert entry(env, fake_run) == 0
     assert seen[0][:2] == ["run", str(base / "checkpoints" / "sagemaker-recipe.json")]
     assert (base / "model" / "config.json").is_file() and (base / "output" / "data" / "summary.json").is_file()

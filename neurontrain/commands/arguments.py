@@ -27,7 +27,7 @@ def backend_choices(eager: bool = True) -> list[str]:
 
 
 def add_backend_argument(parser: argparse.ArgumentParser, *, default: str | None = None, eager: bool = True) -> None:
-    help_text = "override runtime.backend" if default is None else f"backend to check (default {default})"
+    help_text = "override runtime.backend" if default is None else f"backend (default {default})"
     if eager:
         help_text += "; eager = plain PyTorch (the GPU-style reference)"
     parser.add_argument("--backend", default=default, choices=backend_choices(eager), help=help_text)
