@@ -42,6 +42,8 @@ class _Restored:
 
 
 class Trainer:
+    """Trains a run plan on a backend; writes metrics.jsonl, checkpoints/, model/ and summary.json to output_dir."""
+
     def __init__(
         self,
         plan: RunPlan,
@@ -75,6 +77,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
+        """Train from step 1, or from the newest checkpoint, to train.max_steps; returns the summary."""
         wall_start = time.perf_counter()
         self._set_up()
         with self.log:
