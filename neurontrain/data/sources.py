@@ -38,7 +38,7 @@ class PreparedData:
 def _load_file_records(recipe: Recipe, split: str) -> list[dict]:
     data = recipe.data
     try:
-        import datasets
+        import datasets  # lazy: only file and hub sources need it, and it is slow to import
     except ImportError:  # pragma: no cover - datasets is a dependency
         raise UsageError("data.source needs the 'datasets' package: pip install datasets") from None
     datasets.disable_progress_bars()
@@ -90,7 +90,7 @@ def build_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
     spec = recipe.tokenizer
     if spec.word_level is not None:
         return _word_level_tokenizer(recipe, corpus)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: a second to import
 
     source = spec.pretrained or recipe.model.pretrained
     try:
@@ -105,10 +105,10 @@ def build_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
 
 
 def _word_level_tokenizer(recipe: Recipe, corpus: list[str]) -> Any:
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors  # lazy: with transformers, below
     from tokenizers.models import WordLevel
     from tokenizers.trainers import WordLevelTrainer
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: a second to import
 
     spec = recipe.tokenizer.word_level
     names = _SPECIALS[recipe.task]

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from neurontrain.backend import Backend
 
@@ -54,11 +55,9 @@ class DataParallel:
         backend for the in-graph gradient all-reduce."""
         if not self.enabled or self._started:
             return
-        import torch.distributed as dist
-
         timeout = timedelta(seconds=timeout_s)
         if backend.collectives == "xla":
-            import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+            import torch_xla.distributed.xla_backend  # noqa: F401  # lazy: starts a runtime; registers "xla"
 
             dist.init_process_group("xla", init_method="xla://", timeout=timeout)
             self._group = dist.new_group(backend="gloo", timeout=timeout)
@@ -74,23 +73,17 @@ class DataParallel:
 
     def close(self) -> None:
         if self._started:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
             self._started = False
 
     # -- host-side collectives -------------------------------------------------------------------------
     def barrier(self) -> None:
         if self.enabled:
-            import torch.distributed as dist
-
             dist.barrier(group=self._group)
 
     def all_reduce_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum a CPU tensor over workers, in place."""
         if self.enabled:
-            import torch.distributed as dist
-
             dist.all_reduce(tensor, group=self._group)
         return tensor
 
@@ -104,8 +97,6 @@ class DataParallel:
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not self.enabled:
             return [obj]
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj, group=self._group)
         return out
@@ -124,7 +115,7 @@ class DataParallel:
             mean = sum(float(x) for x in local) / len(local) if local else 0.0
             stats = self.reduce_on_host(params, backend, torch.tensor([mean * items, items], dtype=torch.float64))
             return float(stats[0] / max(float(stats[1]), 1.0))
-        import torch_xla.core.xla_model as xm  # optional: only the in-graph (XLA) reduction needs torch_xla
+        import torch_xla.core.xla_model as xm  # lazy: importing torch_xla starts a runtime
 
         device = backend.device
         weight = torch.tensor(float(items)).to(device)
@@ -157,7 +148,7 @@ class DataParallel:
         what xm.optimizer_step does, plus the weights). `items` is this worker's loss-item count on the device;
         returns the global count. Written to torch-xla's API; not runnable on XLA:CPU, where torchrun workers
         cannot form an xla process group."""
-        import torch_xla.core.xla_model as xm
+        import torch_xla.core.xla_model as xm  # lazy: importing torch_xla starts a runtime
 
         grads = [p.grad for p in params]
         total = xm.all_reduce(xm.REDUCE_SUM, items.clone())

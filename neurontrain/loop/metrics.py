@@ -67,7 +67,7 @@ def _read_records(path: Path) -> list[dict]:
 
 def _tensorboard_writer(path: Path) -> Any:
     try:
-        import tensorboard  # noqa: F401  (optional: SummaryWriter needs it)
+        import tensorboard  # noqa: F401  # lazy: optional dependency, which SummaryWriter needs
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None

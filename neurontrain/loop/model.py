@@ -25,7 +25,7 @@ class ModelDims:
 
 
 def _auto_class(recipe: Recipe) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # heavy: only when needed
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # lazy: a second to import
 
     return AutoModelForCausalLM if recipe.task == "causal-lm" else AutoModelForSequenceClassification
 
@@ -60,7 +60,7 @@ def _succeeds(build: Callable[[], Any]) -> bool:
 
 
 def _config_from_values(model_type: str, values: dict[str, Any]) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: a second to import
 
     return AutoConfig.for_model(model_type, **values)
 
@@ -78,7 +78,7 @@ def _check_counts(model_type: str, values: dict[str, Any]) -> None:
 
 def _config_from_recipe(recipe: Recipe) -> Any:
     """transformers' config class with the recipe's model.config values; a value it refuses is named."""
-    from transformers import CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING  # lazy: a second to import
 
     values = dict(recipe.model.config)
     model_type = values.pop("model_type")
@@ -102,7 +102,7 @@ def _config_from_recipe(recipe: Recipe) -> Any:
 def build_config(recipe: Recipe, tokenizer: Any | None) -> Any:
     """The model's config: the recipe's model.config values through transformers' config class, or the
     pretrained model's own config; sized to the tokenizer and the recipe's labels."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: a second to import
 
     spec = recipe.model
     if spec.config is not None:
