@@ -2,7 +2,8 @@
 
 Layout: <root>/step_00000020/{state.pt, meta.json, COMPLETE}. A checkpoint is written into
 <root>/.step_00000020.partial/ and renamed into place only after every file is on disk and the marker is
-written, so a kill at any moment leaves either the old set of checkpoints or the new one.
+written, so a kill at any moment leaves either the old set of checkpoints or the new one. What state.pt and
+meta.json hold is the trainer's to say (`Trainer.state_dict`, `Trainer.load_state_dict`).
 """
 
 from __future__ import annotations
