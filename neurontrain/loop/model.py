@@ -40,7 +40,7 @@ def _blame(keys: list[str], works_without: Callable[[set[str]], bool]) -> list[s
 
 
 def _where(keys: list[str], values: dict[str, Any]) -> str:
-    """`model.config.KEY: VALUE` for the keys to blame (or `model.config:` when none alone is)."""
+    """`model.config.KEY: VALUE` for the keys to blame (`model.config:` when no key or pair of keys is)."""
     named = " with ".join(f"model.config.{key}: {values[key]!r}" for key in keys)
     return named or "model.config:"
 
@@ -146,6 +146,8 @@ def meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
             return _succeeds(lambda: _meta_model(recipe, trial))
 
         where = _where(_blame(list(values), works_without), values)
+        if recipe.model.pretrained is not None:
+            where = f"model.pretrained {recipe.model.pretrained!r}:"
         raise UsageError(f"{where} cannot build the {config.model_type} model ({_reason(exc)})") from None
 
 
