@@ -62,7 +62,7 @@ def hand_loop(steps: int, log_every: int) -> float:
     collate = Collator(
         plan.data.train_ids, plan.data.train_labels, recipe.task, recipe.data.batch_size, plan.data.pad_id
     )
-    batches = [collate(b) for b in itertools.islice(plan.planner.iterate(0), steps)]
+    batches = [collate(b) for b in itertools.islice(plan.batcher.iterate(0), steps)]
     real_tokens = [b.pop("real_tokens") for b in batches]
     marks: list[tuple[int, float]] = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -14,6 +15,7 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, _new_file_mode())  # mkstemp makes 0600; the file should look like one open() created
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -22,6 +24,13 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@functools.cache  # the umask is read once: reading it means setting it, which other threads would see
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:

@@ -18,8 +18,8 @@ import torch
 from neurontrain.backend import Backend, package_versions
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
+from neurontrain.data.batching import IndexBatch
 from neurontrain.data.collate import Collator
-from neurontrain.data.batching import IndexBatch as PlannedBatch
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.model import build_model
@@ -32,9 +32,9 @@ def run_plan_id(plan: RunPlan, backend: str) -> str:
     return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 
-def _first_train_batch(plan: RunPlan, length: int) -> PlannedBatch:
+def _first_train_batch(plan: RunPlan, length: int) -> IndexBatch:
     steps_total = plan.recipe.train.max_steps * plan.recipe.train.grad_accum
-    for batch in itertools.islice(plan.planner.iterate(0), steps_total):
+    for batch in itertools.islice(plan.batcher.iterate(0), steps_total):
         if batch.length == length:
             return batch
     raise ValueError(f"no planned training batch of length {length}")
@@ -75,7 +75,7 @@ class _Tracer:
                 param.grad = torch.zeros(param.shape, dtype=param.dtype).to(self.device)
         return model, optimizer, scheduler
 
-    def _batch(self, collate: Collator, planned: PlannedBatch) -> tuple[dict, dict]:
+    def _batch(self, collate: Collator, planned: IndexBatch) -> tuple[dict, dict]:
         batch = collate(planned)
         batch.pop("real_tokens")
         batch.pop("loss_items")
