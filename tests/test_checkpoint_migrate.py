@@ -21,8 +21,8 @@ from neurontrain.errors import UsageError
 def test_llama_gqa_round_trip_is_bit_identical(tmp_path, tp, fuse, pp):
     _, src = llama(tmp_path)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(src, nxd, MigrateOptions("neuron", tp=tp, pp=pp, fuse_qkv=fuse))
-    migrate(nxd, back, MigrateOptions("gpu"))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=tp, pp=pp, fuse_qkv=fuse))
+    migrate(nxd, back, MigrateOptions(to="gpu"))
     original, restored = hf_tensors(src), hf_tensors(back)
     assert original.keys() == restored.keys()
     for name in original:
@@ -57,7 +57,7 @@ def test_each_rank_computes_its_part_of_attention(tmp_path, tp):
     query heads really are the ones that use its KV head."""
     model, src = llama(tmp_path)
     nxd = tmp_path / "nxd"
-    migrate(src, nxd, MigrateOptions("neuron", tp=tp))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=tp))
     full = hf_tensors(src)
     torch.manual_seed(1)
     x = torch.randn(3, 5, HIDDEN)
@@ -103,8 +103,8 @@ def test_logits_equal_after_round_trip_and_tied_embeddings(tmp_path, tied):
     _, src = llama(tmp_path, tied=tied)
     assert ("lm_head.weight" in hf_tensors(src)) == (not tied)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(src, nxd, MigrateOptions("neuron", tp=4, pp=2, fuse_qkv=True))
-    migrate(nxd, back, MigrateOptions("gpu"))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=4, pp=2, fuse_qkv=True))
+    migrate(nxd, back, MigrateOptions(to="gpu"))
     spec = json.loads((nxd / "checkpoint_spec.json").read_text())
     assert spec["tied_embeddings"] == tied
     a, b = open_checkpoint(src), open_checkpoint(back)
@@ -118,8 +118,8 @@ def test_logits_equal_after_round_trip_and_tied_embeddings(tmp_path, tied):
 def test_bert_round_trip_and_logits(tmp_path, tp):
     _, src = bert(tmp_path)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(src, nxd, MigrateOptions("neuron", tp=tp))
-    migrate(nxd, back, MigrateOptions("gpu"))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=tp))
+    migrate(nxd, back, MigrateOptions(to="gpu"))
     assert compare(open_checkpoint(src), open_checkpoint(back))["equal"]
     shard = rank_file(nxd, 0, 0)
     assert shard["bert.encoder.layer.0.attention.self.query.weight"].shape == (HIDDEN // tp, HIDDEN)
@@ -155,8 +155,8 @@ def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path):
         dist.destroy_process_group()
     for name, path in (("ddp", tmp_path / "ddp.pt"), ("fsdp", tmp_path / "fsdp.pt"), ("dcp", tmp_path / "dcp")):
         nxd, back = tmp_path / f"{name}-nxd", tmp_path / f"{name}-back"
-        migrate(path, nxd, MigrateOptions("neuron", tp=2, config=src))
-        migrate(nxd, back, MigrateOptions("gpu"))
+        migrate(path, nxd, MigrateOptions(to="neuron", tp=2, config=src))
+        migrate(nxd, back, MigrateOptions(to="gpu"))
         result = compare(reference, open_checkpoint(back))
         assert result["equal"], (name, result["differing"][:2], result["missing_in_b"], result["extra_in_b"])
 
@@ -171,12 +171,14 @@ def test_optimizer_state_round_trips(tmp_path):
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp_path / "train.pt")
     nxd, back = tmp_path / "nxd", tmp_path / "back"
     migrate(
-        tmp_path / "train.pt", nxd, MigrateOptions("neuron", tp=4, pp=2, fuse_qkv=True, with_optimizer=True, config=src)
+        tmp_path / "train.pt",
+        nxd,
+        MigrateOptions(to="neuron", tp=4, pp=2, fuse_qkv=True, with_optimizer=True, config=src),
     )
     shard = torch.load(nxd / "optim" / "dp_rank_00_tp_rank_01_pp_rank_00.pt", weights_only=True)
     fused = shard["model.layers.0.self_attn.qkv_proj.weight_qkv"]
     assert fused["exp_avg"].shape == (2 * HEAD_DIM + 2 * HEAD_DIM, HIDDEN) and float(fused["step"]) == 2.0
-    migrate(nxd, back, MigrateOptions("gpu", with_optimizer=True))
+    migrate(nxd, back, MigrateOptions(to="gpu", with_optimizer=True))
     restored = torch.load(back / "optimizer.pt", weights_only=True)
     by_name = dict(zip(restored["param_groups"][0]["param_names"], restored["param_groups"][0]["params"]))
     names = [n for n, _ in model.named_parameters()]
@@ -189,9 +191,9 @@ def test_optimizer_state_round_trips(tmp_path):
 def test_dtype_casts(tmp_path):
     _, src = llama(tmp_path)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(src, nxd, MigrateOptions("neuron", tp=2, dtype="bf16"))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=2, dtype="bf16"))
     assert all(t.dtype == torch.bfloat16 for t in rank_file(nxd, 1, 0).values())
-    migrate(nxd, back, MigrateOptions("gpu", dtype="fp32"))
+    migrate(nxd, back, MigrateOptions(to="gpu", dtype="fp32"))
     original, restored = hf_tensors(src), hf_tensors(back)
     for name in original:
         assert restored[name].dtype == torch.float32
@@ -201,13 +203,13 @@ def test_dtype_casts(tmp_path):
 def test_non_divisible_tp_and_wrong_tp_are_clear_errors(tmp_path):
     _, src = llama(tmp_path)
     with pytest.raises(UsageError, match="not divisible by --tp 3"):
-        migrate(src, tmp_path / "x", MigrateOptions("neuron", tp=3))
+        migrate(src, tmp_path / "x", MigrateOptions(to="neuron", tp=3))
     with pytest.raises(UsageError, match="not a multiple of the 2 KV heads|not divisible"):
-        migrate(src, tmp_path / "y", MigrateOptions("neuron", tp=16))
+        migrate(src, tmp_path / "y", MigrateOptions(to="neuron", tp=16))
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.partial*"))
-    migrate(src, tmp_path / "nxd", MigrateOptions("neuron", tp=4))
+    migrate(src, tmp_path / "nxd", MigrateOptions(to="neuron", tp=4))
     with pytest.raises(UsageError, match="--tp 2 does not match the checkpoint, which is sharded tp 4"):
-        migrate(tmp_path / "nxd", tmp_path / "z", MigrateOptions("gpu", tp=2))
+        migrate(tmp_path / "nxd", tmp_path / "z", MigrateOptions(to="gpu", tp=2))
 
 
 def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsys):
@@ -278,7 +280,7 @@ def test_older_layout_and_xser_form_are_readable(tmp_path):
 
     _, src = llama(tmp_path)
     nxd = tmp_path / "nxd"
-    migrate(src, nxd, MigrateOptions("neuron", tp=2, pp=2))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=2, pp=2))
     old = tmp_path / "old"
     old.mkdir()
     for f in (nxd / "model").iterdir():
@@ -307,7 +309,7 @@ def test_older_layout_and_xser_form_are_readable(tmp_path):
     reference = open_checkpoint(src)
     for layout in (old, xser):
         back = tmp_path / f"{layout.name}-back"
-        migrate(layout, back, MigrateOptions("gpu"))
+        migrate(layout, back, MigrateOptions(to="gpu"))
         assert compare(reference, open_checkpoint(back))["equal"], layout.name
 
 
@@ -332,8 +334,8 @@ def test_toolkit_training_checkpoint_with_optimizer(tmp_path, recipes):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data_position": 1}
     save_checkpoint(out / "checkpoints", 1, state, {"step": 1}, 2, torch.save, True)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    migrate(out, nxd, MigrateOptions("neuron", tp=2, with_optimizer=True))
-    migrate(nxd, back, MigrateOptions("gpu", with_optimizer=True))
+    migrate(out, nxd, MigrateOptions(to="neuron", tp=2, with_optimizer=True))
+    migrate(nxd, back, MigrateOptions(to="gpu", with_optimizer=True))
     restored = torch.load(back / "optimizer.pt", weights_only=True)
     index = dict(zip(restored["param_groups"][0]["param_names"], restored["param_groups"][0]["params"]))
     named = dict(model.named_parameters())
@@ -345,13 +347,13 @@ def test_toolkit_training_checkpoint_with_optimizer(tmp_path, recipes):
 def test_sharded_hf_output_and_input(tmp_path):
     _, src = llama(tmp_path)
     nxd, back, again = tmp_path / "nxd", tmp_path / "back", tmp_path / "again"
-    migrate(src, nxd, MigrateOptions("neuron", tp=2))
-    migrate(nxd, back, MigrateOptions("gpu", max_shard_bytes=64 << 10))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=2))
+    migrate(nxd, back, MigrateOptions(to="gpu", max_shard_bytes=64 << 10))
     index = json.loads((back / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 3 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
     assert sorted(p.name for p in back.glob("*.safetensors")) == files
-    migrate(back, again, MigrateOptions("neuron", tp=2))  # the sharded HF directory as input
+    migrate(back, again, MigrateOptions(to="neuron", tp=2))  # the sharded HF directory as input
     assert compare(open_checkpoint(src), open_checkpoint(again))["equal"]
 
 
@@ -359,10 +361,10 @@ def test_a_failure_mid_migration_leaves_no_destination(tmp_path):
     """The first pipeline stage is written, the second stage's shard is truncated: nothing appears at DST."""
     _, src = llama(tmp_path)
     nxd = tmp_path / "nxd"
-    migrate(src, nxd, MigrateOptions("neuron", tp=2, pp=2))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=2, pp=2))
     victim = nxd / "model" / "dp_rank_00_tp_rank_01_pp_rank_01.pt"
     victim.write_bytes(victim.read_bytes()[:1000])
     with pytest.raises(UsageError, match="not a readable torch checkpoint"):
-        migrate(nxd, tmp_path / "out", MigrateOptions("gpu", max_shard_bytes=16 << 10))
+        migrate(nxd, tmp_path / "out", MigrateOptions(to="gpu", max_shard_bytes=16 << 10))
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []

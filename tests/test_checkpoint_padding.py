@@ -72,7 +72,7 @@ def test_padded_vocabulary_with_optimizer_and_pipeline(tmp_path):
     result = migrate(
         tmp_path / "train.pt",
         nxd,
-        MigrateOptions("neuron", tp=4, pp=2, with_optimizer=True, config=src, pad_vocab_multiple=16),
+        MigrateOptions(to="neuron", tp=4, pp=2, with_optimizer=True, config=src, pad_vocab_multiple=16),
     )
     assert result["vocab_padding"]["padded_vocab_size"] == 32 and "multiple-of 16" in result["vocab_padding"]["reason"]
     last = torch.load(nxd / "optim" / "dp_rank_00_tp_rank_03_pp_rank_00.pt", weights_only=True)
@@ -80,7 +80,7 @@ def test_padded_vocabulary_with_optimizer_and_pipeline(tmp_path):
     assert embed["exp_avg"].shape == (8, HIDDEN) and not embed["exp_avg"][5:].any()  # rows 21..31 are padding
     lm_head = torch.load(nxd / "optim" / "dp_rank_00_tp_rank_03_pp_rank_01.pt", weights_only=True)["lm_head.weight"]
     assert lm_head["exp_avg_sq"].shape == (8, HIDDEN) and not lm_head["exp_avg_sq"][5:].any()
-    migrate(nxd, back, MigrateOptions("gpu", with_optimizer=True))
+    migrate(nxd, back, MigrateOptions(to="gpu", with_optimizer=True))
     reference = open_checkpoint(tmp_path / "train.pt", src)  # the weights after the optimizer step
     assert compare(reference, open_checkpoint(back))["equal"]
     restored = torch.load(back / "optimizer.pt", weights_only=True)
@@ -94,10 +94,10 @@ def test_padded_vocabulary_with_optimizer_and_pipeline(tmp_path):
 def test_padded_vocabulary_with_tied_embeddings(tmp_path):
     _, src = llama(tmp_path, tied=True, vocab=50)
     nxd = tmp_path / "nxd"
-    migrate(src, nxd, MigrateOptions("neuron", tp=8, pp=2, fuse_qkv=True))
+    migrate(src, nxd, MigrateOptions(to="neuron", tp=8, pp=2, fuse_qkv=True))
     assert rank_file(nxd, 7, 0)["model.embed_tokens.weight"].shape == (7, HIDDEN)
     assert "lm_head.weight" not in rank_file(nxd, 0, 1)
-    migrate(nxd, tmp_path / "back", MigrateOptions("gpu"))
+    migrate(nxd, tmp_path / "back", MigrateOptions(to="gpu"))
     reference, back = open_checkpoint(src), open_checkpoint(tmp_path / "back")
     assert compare(reference, back)["equal"]
     assert logits_diff(reference, back, json.loads((src / "config.json").read_text())) == 0.0
@@ -105,24 +105,24 @@ def test_padded_vocabulary_with_tied_embeddings(tmp_path):
 
 def test_divisible_vocabulary_gets_no_padding_unless_asked(tmp_path):
     _, src = llama(tmp_path)
-    plain = migrate(src, tmp_path / "plain", MigrateOptions("neuron", tp=4))
+    plain = migrate(src, tmp_path / "plain", MigrateOptions(to="neuron", tp=4))
     assert plain["vocab_padding"] is None
     spec = json.loads((tmp_path / "plain" / "checkpoint_spec.json").read_text())
     assert spec["vocab_size"] == spec["padded_vocab_size"] == VOCAB
     assert rank_file(tmp_path / "plain", 3, 0)["model.embed_tokens.weight"].shape == (VOCAB // 4, HIDDEN)
-    asked = migrate(src, tmp_path / "asked", MigrateOptions("neuron", tp=4, pad_vocab_multiple=96))
+    asked = migrate(src, tmp_path / "asked", MigrateOptions(to="neuron", tp=4, pad_vocab_multiple=96))
     assert asked["vocab_padding"]["padded_vocab_size"] == 192
     assert rank_file(tmp_path / "asked", 3, 0)["lm_head.weight"].shape == (48, HIDDEN)
-    migrate(tmp_path / "asked", tmp_path / "back", MigrateOptions("gpu"))
+    migrate(tmp_path / "asked", tmp_path / "back", MigrateOptions(to="gpu"))
     assert compare(open_checkpoint(src), open_checkpoint(tmp_path / "back"))["equal"]
 
 
 def test_bert_padded_vocabulary_round_trip_and_logits(tmp_path):
     _, src = bert(tmp_path, vocab=21)
     nxd, back = tmp_path / "nxd", tmp_path / "back"
-    assert migrate(src, nxd, MigrateOptions("neuron", tp=4))["vocab_padding"]["padded_vocab_size"] == 24
+    assert migrate(src, nxd, MigrateOptions(to="neuron", tp=4))["vocab_padding"]["padded_vocab_size"] == 24
     assert rank_file(nxd, 3, 0)["bert.embeddings.word_embeddings.weight"].shape == (6, HIDDEN)
-    migrate(nxd, back, MigrateOptions("gpu"))
+    migrate(nxd, back, MigrateOptions(to="gpu"))
     assert compare(open_checkpoint(src), open_checkpoint(back))["equal"]
     config = json.loads((src / "config.json").read_text())
     assert logits_diff(open_checkpoint(src), open_checkpoint(nxd), config) == 0.0

@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from neurontrain.loop import checkpoints as ckpt
 from neurontrain.checkpoint.rules import ShardingSpec, merge, shard, vocab_size_with_padding
 from neurontrain.errors import UsageError
+from neurontrain.loop import checkpoints as ckpt
 from neurontrain.loop.optim import lr_factor
 
 

@@ -4,7 +4,7 @@ the data-parallel plan (the sbatch script and the SageMaker request: test_submit
 import pytest
 from conftest import RECIPES
 
-from neurontrain.data.batching import IndexBatch as PlannedBatch
+from neurontrain.data.batching import IndexBatch
 from neurontrain.data.collate import Collator
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
@@ -12,20 +12,18 @@ from neurontrain.launch.topology import Topology, torchrun_args
 
 
 def test_torchrun_args_single_node_is_standalone():
-    args = torchrun_args(Topology(nproc_per_node=2, max_restarts=1).validate())
+    args = torchrun_args(Topology(nproc_per_node=2, max_restarts=1))
     assert args == ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1"]
 
 
 def test_torchrun_args_multi_node_static_and_c10d():
     static = torchrun_args(
-        Topology(
-            nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29400, rdzv_timeout=60
-        ).validate()
+        Topology(nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=29400, rdzv_timeout=60)
     )
     assert "--rdzv-backend=static" in static and "--node-rank=1" in static and "--master-addr=10.0.0.5" in static
     assert "--master-port=29400" in static and "--rdzv-conf=timeout=60" in static and "--nnodes=2" in static
     c10d = torchrun_args(
-        Topology(nproc_per_node=32, nnodes=4, rdzv_endpoint="head:29500", rdzv_id="77", max_restarts=2).validate()
+        Topology(nproc_per_node=32, nnodes=4, rdzv_endpoint="head:29500", rdzv_id="77", max_restarts=2)
     )
     assert "--rdzv-backend=c10d" in c10d and "--rdzv-endpoint=head:29500" in c10d and "--rdzv-id=77" in c10d
     # torchrun's own parser accepts what we build
@@ -49,7 +47,7 @@ def test_torchrun_args_multi_node_static_and_c10d():
 )
 def test_bad_topologies(fields, message):
     with pytest.raises(UsageError, match=message):
-        Topology(**fields).validate()
+        Topology(**fields)
 
 
 def test_global_batch_arithmetic():
@@ -70,14 +68,14 @@ def test_worker_rows_partition_every_batch():
 
 def test_collator_takes_its_rows_and_counts_loss_items():
     ids = [[5, 6, 7], [5, 6], [5, 6, 7, 8], [5]]
-    batch = PlannedBatch(4, (0, 1, 2, 3))
+    batch = IndexBatch(4, (0, 1, 2, 3))
     r0 = Collator(ids, None, "causal-lm", 2, 0, rank=0, world=2)(batch)
     r1 = Collator(ids, None, "causal-lm", 2, 0, rank=1, world=2)(batch)
     assert r0["input_ids"].tolist() == [[5, 6, 7, 0], [5, 6, 7, 8]]
     assert r1["input_ids"].tolist() == [[5, 6, 0, 0], [5, 0, 0, 0]]
     assert (r0["loss_items"], r1["loss_items"]) == (2 + 3, 1 + 0)  # next-token labels per row: length - 1
     assert r0["real_tokens"] + r1["real_tokens"] == 10
-    cls = Collator(ids, [1, 0, 1, 0], "sequence-classification", 2, 0, rank=1, world=2)(PlannedBatch(4, (0, 1, 2)))
+    cls = Collator(ids, [1, 0, 1, 0], "sequence-classification", 2, 0, rank=1, world=2)(IndexBatch(4, (0, 1, 2)))
     assert cls["labels"].tolist() == [0, -100] and cls["loss_items"] == 1
 
 
@@ -91,8 +89,8 @@ def _plan(world: int, *overrides: str):
 
 def test_data_parallel_plan_uses_global_batches_and_splits_the_step():
     one, two = _plan(1, "data.batch_size=16"), _plan(2, "data.batch_size=8")
-    assert two.planner.batch_size == 16 and one.planner.batch_size == 16
-    assert [b.indices for b in one.planner.epoch(0)] == [b.indices for b in two.planner.epoch(0)]
+    assert two.batcher.batch_size == 16 and one.batcher.batch_size == 16
+    assert [b.indices for b in one.batcher.epoch(0)] == [b.indices for b in two.batcher.epoch(0)]
     assert ("train", 64) in one.expected_graphs() and ("optimizer",) not in one.expected_graphs()
     assert ("train-micro", 64) in two.expected_graphs() and ("optimizer",) in two.expected_graphs()
     described = two.describe()

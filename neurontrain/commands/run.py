@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
-    topology = Topology(
+    return Topology(
         nproc_per_node=args.nproc_per_node or 1,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
@@ -33,7 +33,6 @@ def topology_from(args: argparse.Namespace) -> Topology:
         rdzv_id=args.rdzv_id,
         rdzv_timeout=args.rdzv_timeout,
     )
-    return topology.validate()
 
 
 def run(args: argparse.Namespace) -> int:

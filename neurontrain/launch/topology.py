@@ -14,8 +14,10 @@ from neurontrain.errors import UsageError
 _HOST = re.compile(r"^[A-Za-z0-9_.:\-\[\]$%{}]+$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Topology:
+    """torchrun's topology; a bad value is a one-line UsageError naming its flag."""
+
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -30,7 +32,7 @@ class Topology:
     def world(self) -> int:
         return self.nproc_per_node * self.nnodes
 
-    def validate(self) -> Topology:
+    def __post_init__(self) -> None:
         for name in ("nproc_per_node", "nnodes"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -50,7 +52,6 @@ class Topology:
                 raise UsageError(f"--rdzv-endpoint {self.rdzv_endpoint!r} must be HOST:PORT")
             if self.rdzv_id is None:
                 raise UsageError("--rdzv-endpoint needs --rdzv-id (the same on every node, e.g. $SLURM_JOB_ID)")
-        return self
 
 
 def torchrun_args(topology: Topology) -> list[str]:

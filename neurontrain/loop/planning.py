@@ -76,12 +76,6 @@ class RunPlan:
             )
 
     @property
-    def planner(self) -> Batcher:
-        """The old name of `batcher`, still read by compile/discover.py, tests/test_scaleout_pure.py and
-        benchmarks/loop_overhead.py; remove it once they read `batcher`."""
-        return self.batcher
-
-    @property
     def split_step(self) -> bool:
         """Whether a step is micro-step graphs plus an optimizer graph, rather than one graph: under gradient
         accumulation, and when the gradients are all-reduced on the host in between."""
