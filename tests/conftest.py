@@ -6,8 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from neurontrain.cli import main
+
 REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
 RECIPES = REPO / "recipes"
+
+
+def cli_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """`neurontrain ARGS` in this process: (exit code, stdout, stderr)."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def run_cli(
@@ -126,3 +136,15 @@ def neuron_runtime(tmp_path):
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     yield env, read_log
+
+
+class _NoProcesses(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        raise AssertionError(f"a unit test started a process ({args!r}); move the test to tests/integration")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_processes(request, monkeypatch):
+    """The unit tier (tests/unit) starts no processes: a test that does is an integration test."""
+    if (REPO / "tests" / "unit") in Path(request.node.path).parents:
+        monkeypatch.setattr(subprocess, "Popen", _NoProcesses)

@@ -2,7 +2,7 @@
 
 The outputs of a sync are the live tensors with pending work, ordered by tensor id; given the same
 tensors, `_get_xla_tensors_hlo` returns byte for byte the module the sync compiles (checked against
-XLA_SAVE_TENSORS_FILE dumps in tests/test_precompile.py).
+XLA_SAVE_TENSORS_FILE dumps in tests/integration/test_precompile.py).
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DATA
 
 from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
 from neurontrain.health.parsers import parse_nccom_test
-
-DATA = Path(__file__).parent / "data"
 
 
 def test_mpi_mode_is_the_documented_multi_node_command():

@@ -10,8 +10,6 @@ from recipe_standins import standin_overrides
 
 from neurontrain.recipe import load_recipe
 
-pytestmark = pytest.mark.slow
-
 STEPS = 3
 
 

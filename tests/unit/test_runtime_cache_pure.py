@@ -1,11 +1,6 @@
 """Pure parts of driving the Neuron runtime's cache: where it looks, what we export, module states, flag checks;
 and the stand-in compiler refusing what the real one refuses."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from neurontrain.backend import check_xla_flags
@@ -22,8 +17,6 @@ from neurontrain.compile.runtime_cache import (
     with_cache_dir,
 )
 from neurontrain.errors import UsageError
-
-STANDIN_CC = str(Path(__file__).parent / "standin" / "neuronx-cc")
 
 
 def test_cache_location_follows_the_runtime_precedence(tmp_path):
@@ -104,37 +97,3 @@ def test_xla_flags_are_checked_against_the_library(tmp_path):
         check_xla_flags(["--model-type=transformer"], str(lib))
     with pytest.raises(UsageError, match="XLA has no flag --xla_cpu_enable_fast"):
         check_xla_flags(["--xla_cpu_enable_fast"], str(lib))  # a prefix of a real name is not a flag
-
-
-def _cc(tmp_path, *args):
-    hlo = tmp_path / "m.hlo_module.pb"
-    hlo.write_bytes(b"module")
-    env = {**os.environ, "STANDIN_CC_SECONDS": "0"}
-    return subprocess.run(
-        [
-            sys.executable,
-            STANDIN_CC,
-            "compile",
-            "--framework=XLA",
-            str(hlo),
-            "--target=trn1",
-            "--output",
-            str(tmp_path / "m.neff"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-
-
-@pytest.mark.parametrize("flag", ["--cache_dir=/tmp/x", "--retry_failed_compilation", "--log_level=INFO", "--bogus"])
-def test_standin_compiler_refuses_what_neuronx_cc_does_not_know(tmp_path, flag):
-    res = _cc(tmp_path, flag)
-    assert res.returncode == 2 and "unrecognized arguments" in res.stderr
-
-
-def test_standin_compiler_accepts_its_real_options(tmp_path):
-    res = _cc(tmp_path, "--model-type", "transformer", "-O1", "--auto-cast=none", "--verbose=35")
-    assert res.returncode == 0, res.stderr
-    assert (tmp_path / "m.neff").read_bytes().startswith(b"NEFF")

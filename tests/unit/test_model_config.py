@@ -2,7 +2,7 @@
 weight is allocated, through transformers' own config class and the model built on the meta device."""
 
 import pytest
-from conftest import RECIPES, run_cli
+from conftest import RECIPES
 
 from neurontrain.errors import UsageError
 from neurontrain.loop.model import build_config, model_dims
@@ -58,17 +58,3 @@ def test_good_values_build_the_config_and_sizes():
     assert (config.hidden_size, config.vocab_size, dims.hidden) == (128, 600, 128)
     config, dims = _check("tiny-bert-classification")
     assert config.vocab_size == 512 and config.num_labels == 2 and dims.is_encoder
-
-
-def test_the_cli_exits_2_with_one_line(tmp_path):
-    result = run_cli(
-        "run",
-        str(RECIPES / "tiny-bert-classification.yaml"),
-        "--set",
-        "model.config.hidden_size=-3",
-        "--output-dir",
-        str(tmp_path / "run"),
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line]
-    assert lines == ["neurontrain: error: model.config.hidden_size: -3 must not be negative (bert's default is 768)"]

@@ -1,12 +1,9 @@
 """Pure health logic: nccom-test and neuron-ls parsers on recorded outputs, ECC counters, busbw, verdicts."""
 
-from pathlib import Path
-
 import pytest
+from conftest import DATA
 
 from neurontrain.health.parsers import bandwidths, bus_factor, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
-
-DATA = Path(__file__).parent / "data"
 
 
 def test_nccom_sweep_table():

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, read_json, run_cli
 
-pytestmark = pytest.mark.slow
 TIMEOUT = 45
 
 

@@ -8,8 +8,6 @@ from conftest import read_json, run_cli
 
 from neurontrain.compile.graphs import graph_id
 
-pytestmark = pytest.mark.slow
-
 SMALL = [
     "--set",
     "train.max_steps=12",

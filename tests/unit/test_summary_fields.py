@@ -10,7 +10,7 @@ import pytest
 
 from neurontrain.loop.summary import CONSOLE_FIELDS, RunSummary, fields_table, read_summary
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _summary(**changes) -> RunSummary:

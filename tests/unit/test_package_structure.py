@@ -6,7 +6,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "neurontrain"
+PACKAGE = Path(__file__).resolve().parents[2] / "neurontrain"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
