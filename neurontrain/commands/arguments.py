@@ -16,9 +16,13 @@ A test walks every action of the `run` parser and fails on one that is neither.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
 from neurontrain.backend import BACKENDS
+
+Options = TypeVar("Options")
 
 
 def backend_choices(eager: bool = True) -> list[str]:
@@ -155,3 +159,10 @@ def worker_argv(args: argparse.Namespace, *, carried: Collection[str] = ()) -> l
             words = _render(action, getattr(args, action.dest))
             (options if action.option_strings else positionals).extend(words)
     return positionals + options
+
+
+def options_from(cls: type[Options], args: argparse.Namespace, **values: Any) -> Options:
+    """An option object (a keyword-only dataclass) from the parsed arguments of the same names; `values` for
+    the fields whose flag has another name or needs converting. The object checks its own bounds."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in values}
+    return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)}, **values)

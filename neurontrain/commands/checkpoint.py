@@ -8,6 +8,7 @@ from pathlib import Path
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
 from neurontrain.checkpoint.verify import compare, config_for_logits, logits_diff
+from neurontrain.commands.arguments import options_from
 from neurontrain.errors import UsageError
 
 
@@ -48,14 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    options = MigrateOptions(
-        to=args.to,
-        tp=args.tp,
-        pp=args.pp,
-        dtype=args.dtype,
-        fuse_qkv=args.fuse_qkv,
-        with_optimizer=args.with_optimizer,
-        overwrite=args.overwrite,
+    options = options_from(
+        MigrateOptions,
+        args,
         config=Path(args.config) if args.config else None,
         max_shard_bytes=args.max_shard_size << 20,
         pad_vocab_multiple=args.pad_vocab_to_multiple_of,

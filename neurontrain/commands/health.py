@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from neurontrain.commands.arguments import add_backend_argument, add_topology_arguments
+from neurontrain.commands.arguments import add_backend_argument, add_topology_arguments, options_from
 from neurontrain.errors import HealthCheckFailed, UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.health.runner import HealthOptions, format_table, run_health
@@ -42,17 +42,10 @@ def parse_size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = HealthOptions(
-        nproc_per_node=args.nproc_per_node,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        timeout=args.timeout,
+    options = options_from(
+        HealthOptions,
+        args,
         sizes=[parse_size(size) for size in args.sizes.split(",")],
-        iters=args.iters,
-        backend=args.backend,
-        expect_devices=args.expect_devices,
         min_busbw_gibps=args.min_busbw,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None,

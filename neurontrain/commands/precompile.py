@@ -11,7 +11,7 @@ from neurontrain.backend import backend_for, neuron_runtime_present
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
-from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_location, describe_location, say
+from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_location, describe_location
 from neurontrain.compile.precompile import precompile
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_precompile_location(location)
     if location is not None:
         os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
-        say(f"Neuron runtime cache: {describe_location(location)}")
+        log.info(f"Neuron runtime cache: {describe_location(location)}")
     plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
     if plan.world > 1 and not plan.host_reduce:
         raise UsageError(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from neurontrain.backend import resolve_backend_name
-from neurontrain.commands.arguments import add_run_arguments, recipe_overrides, worker_argv
+from neurontrain.commands.arguments import add_run_arguments, options_from, recipe_overrides, worker_argv
 from neurontrain.errors import UsageError
 from neurontrain.launch.elastic import in_worker
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
@@ -22,17 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
-    return Topology(
-        nproc_per_node=args.nproc_per_node or 1,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        max_restarts=args.max_restarts,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        rdzv_timeout=args.rdzv_timeout,
-    )
+    return options_from(Topology, args, nproc_per_node=args.nproc_per_node or 1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from neurontrain.commands.arguments import add_worker_arguments, recipe_overrides, worker_argv
+from neurontrain.commands.arguments import add_worker_arguments, options_from, recipe_overrides, worker_argv
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_file_atomic
 from neurontrain.launch import dlc
@@ -129,20 +129,13 @@ def _slurm(args: argparse.Namespace) -> int:
         "output_dir": str(output_dir),
         "overrides": [*args.overrides, *cache],
     }
-    job = SlurmJob(
+    job = options_from(
+        SlurmJob,
+        args,
         output_dir=output_dir,
         run_argv=worker_argv(argparse.Namespace(**{**vars(args), **on_nodes})),
-        nodes=args.nodes,
         instance=instance,
-        python=args.python,
         job_name=job_name(args.job_name, recipe.name),
-        nproc_per_node=args.nproc_per_node,
-        partition=args.partition,
-        time_limit=args.time_limit,
-        account=args.account,
-        max_restarts=args.max_restarts,
-        master_port=args.master_port,
-        node_cache_dir=args.node_cache_dir,
     )
     check_world(recipe, job.nodes * job.workers_per_node)
     output_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory

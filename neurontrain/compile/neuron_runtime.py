@@ -113,7 +113,3 @@ def describe_location(location: CacheLocation | None) -> str:
     if location is None:
         return "no Neuron runtime installed"
     return f"{location.root} (from {location.source})"
-
-
-def say(message: str) -> None:
-    log.info(message)
