@@ -105,16 +105,14 @@ def compiled_torch_save(tmp_path, model):
 
 def lightning_ckpt(tmp_path, model, sharded=False):
     """A Lightning Trainer run of one step whose LightningModule holds the model as `self.model`: a .ckpt file
-    (names `model.<hf name>`, optimizer_states id-keyed), or with the FSDP strategy and
-    state_dict_type="sharded" a `last.ckpt/` directory of DCP files and meta.pt."""
+    from trainer.save_checkpoint (names `model.<hf name>`, optimizer_states id-keyed), or with sharded=True the
+    `last.ckpt/` directory Lightning's FSDP strategy writes with state_dict_type="sharded": Lightning refuses FSDP
+    on a CPU accelerator ("FSDP needs a non-CPU accelerator device"), so the directory is written as that
+    strategy's save_checkpoint does, with Lightning's own writer: {"model": state dict, "optimizer_0": name-keyed
+    optimizer state} through _distributed_checkpoint_save (DCP), the rest of the checkpoint in meta.pt."""
     import lightning as L
-    from lightning.pytorch.strategies import FSDPStrategy
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import StateDictType
-
-    class CPUFSDPStrategy(FSDPStrategy):
-        """Lightning's FSDP strategy unchanged: Lightning refuses the class itself on a CPU accelerator by its
-        exact type, and its FSDP code (wrapping, the sharded save) runs on CPU with gloo."""
+    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     class Module(L.LightningModule):
         def __init__(self, inner):
@@ -127,8 +125,7 @@ def lightning_ckpt(tmp_path, model, sharded=False):
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    one = batch(model)
-    loader = torch.utils.data.DataLoader([one], batch_size=None)
+    loader = torch.utils.data.DataLoader([batch(model)], batch_size=None)
     module = Module(model)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -138,19 +135,20 @@ def lightning_ckpt(tmp_path, model, sharded=False):
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        strategy=CPUFSDPStrategy(state_dict_type="sharded") if sharded else "auto",
     )
     trainer.fit(module, loader)
-    path = tmp_path / ("last.ckpt" if sharded else "lightning.ckpt")
-    trainer.save_checkpoint(path)
-    if sharded:
-        wrapped = trainer.strategy.model
-        with FSDP.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT):
-            full = {k.removeprefix("model."): v for k, v in wrapped.state_dict().items()}
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return path, _reference(model, full, tmp_path / "lightning-ref")
     model.save_pretrained(tmp_path / "lightning-ref")
+    path = tmp_path / ("last.ckpt" if sharded else "lightning.ckpt")
+    if not sharded:
+        trainer.save_checkpoint(path)
+        return path, tmp_path / "lightning-ref"
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+    converted = {"model": checkpoint.pop("state_dict")}
+    converted["optimizer_0"] = get_optimizer_state_dict(module, trainer.optimizers[0])
+    checkpoint.pop("optimizer_states", None)
+    path.mkdir()
+    _distributed_checkpoint_save(converted, path)
+    torch.save(checkpoint, path / "meta.pt")
     return path, tmp_path / "lightning-ref"
 
 
@@ -208,3 +206,29 @@ def deepspeed_zero(tmp_path, model, stage):
         with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=stage == 3):
             full = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return tmp_path / "ds", _reference(model, full, tmp_path / "ds-ref")
+
+
+def in_a_process_without_xla(writer, tmp_path, family, **options):
+    """Run `writer(tmp_path, model)` in a fresh process with USE_TORCH_XLA=0: transformers' Trainer and accelerate
+    would otherwise train on the XLA device torch-xla provides here (a GPU user's run has none). The model is
+    the family's tiny model (checkpoint_models), built there with the same seed. Returns the writer's paths."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    code = (
+        f"import sys, json; sys.path.insert(0, {tests!r})\n"
+        "from pathlib import Path\n"
+        "import checkpoint_models, checkpoint_tools\n"
+        f"model, _ = checkpoint_models.{family}(Path({str(tmp_path)!r}))\n"
+        f"paths = checkpoint_tools.{writer.__name__}(Path({str(tmp_path)!r}), model, **{options!r})\n"
+        "print(json.dumps([str(p) for p in paths]))\n"
+    )
+    env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", "LOCAL_RANK": "0"}  # LOCAL_RANK: DeepSpeed
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+
+    return [Path(p) for p in json.loads(res.stdout.strip().splitlines()[-1])]
