@@ -17,8 +17,13 @@ from neurontrain.checkpoint.report import inspect_checkpoint
 from neurontrain.errors import NeurontrainError, UsageError
 
 
-def test_fsdp2_dcp_with_optimizer_namespace(tmp_path, capsys):
-    model, hf = llama(tmp_path)
+def tiny(tmp_path, family, **kwargs):
+    return llama(tmp_path, **kwargs) if family == "llama" else bert(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_fsdp2_dcp_with_optimizer_namespace(tmp_path, capsys, family):
+    model, hf = tiny(tmp_path, family)
     src, ref, moments = fsdp2_dcp(tmp_path, model)
     result, back = round_trip(tmp_path, src, ref, "fsdp2", config=hf, with_optimizer=True)
     assert result["source"]["layout"] == "dcp" and result["source"]["prefix"] == "model."
@@ -30,20 +35,23 @@ def test_fsdp2_dcp_with_optimizer_namespace(tmp_path, capsys):
     assert code == 0 and "EQUAL" in out and not out.startswith("0 tensors"), out
 
 
-def test_fsdp1_sharded_state_dict_through_dcp(tmp_path):
-    model, _ = bert(tmp_path)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_fsdp1_sharded_state_dict_through_dcp(tmp_path, family):
+    model, _ = tiny(tmp_path, family)
     src, ref = fsdp1_sharded_dcp(tmp_path, model)
     result, back = round_trip(tmp_path, src, ref, "fsdp1", config=ref, with_optimizer=True)
     assert result["source"]["prefix"] == "model." and result["optimizer"]
+    assert inspect_checkpoint(src, ref)["layout"] == "dcp"
     restored = torch.load(back / "optimizer.pt", weights_only=True)
     assert len(restored["param_groups"][0]["param_names"]) == result["tensors"]  # every parameter (FSDP1 flattens them)
 
 
-def test_ddp_training_dict_with_id_keyed_optimizer(tmp_path):
-    model, hf = llama(tmp_path)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_ddp_training_dict_with_id_keyed_optimizer(tmp_path, family):
+    model, hf = tiny(tmp_path, family)
     src, ref, optimizer = ddp_torch_save(tmp_path, model)
     result, back = round_trip(tmp_path, src, ref, "ddp", config=hf, with_optimizer=True)
-    assert result["source"]["layout"] == "torch"
+    assert result["source"]["layout"] == "torch" and inspect_checkpoint(src, hf)["layout"] == "torch"
     assert_moments(back, moments_by_name(model, optimizer))
     state = torch.load(src, weights_only=True)
     for key in ("state_dict", "module"):  # the other keys training dicts hold the model under
@@ -51,8 +59,9 @@ def test_ddp_training_dict_with_id_keyed_optimizer(tmp_path):
         round_trip(tmp_path, tmp_path / f"{key}.pt", ref, key, config=hf)
 
 
-def test_torch_compile_names(tmp_path):
-    model, hf = llama(tmp_path, tied=True)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_torch_compile_names(tmp_path, family):
+    model, hf = tiny(tmp_path, family, tied=True)
     src, ref = compiled_torch_save(tmp_path, model)
     assert next(iter(torch.load(src, weights_only=True)["model_state_dict"])).startswith("_orig_mod.")
     result, _ = round_trip(tmp_path, src, ref, "compiled", config=hf)
