@@ -208,7 +208,7 @@ def deepspeed_zero(tmp_path, model, stage):
     return tmp_path / "ds", _reference(model, full, tmp_path / "ds-ref")
 
 
-def in_a_process_without_xla(writer, tmp_path, family, **options):
+def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
     """Run `writer(tmp_path, model)` in a fresh process with USE_TORCH_XLA=0: transformers' Trainer and accelerate
     would otherwise train on the XLA device torch-xla provides here (a GPU user's run has none). The model is
     the family's tiny model (checkpoint_models), built there with the same seed. Returns the writer's paths."""
@@ -226,7 +226,7 @@ def in_a_process_without_xla(writer, tmp_path, family, **options):
         f"paths = checkpoint_tools.{writer.__name__}(Path({str(tmp_path)!r}), model, **{options!r})\n"
         "print(json.dumps([str(p) for p in paths]))\n"
     )
-    env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", "LOCAL_RANK": "0"}  # LOCAL_RANK: DeepSpeed
+    env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", **(env or {})}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     import json

@@ -73,7 +73,7 @@ def test_cli_inspect_and_verify_across_forms(tmp_path):
     ckpt, ref = lightning_ckpt(tmp_path, model)
     dcp.save({"model": model.state_dict(), "step": torch.tensor(1)}, checkpoint_id=str(tmp_path / "dcp"))
     for a, b in ((tmp_path / "dcp", ref), (ckpt, ref), (tmp_path / "dcp", ckpt)):
-        res = run_cli("checkpoint", "verify", str(a), str(b), "--config", str(hf))
+        res = run_cli("checkpoint", "verify", str(a), str(b), "--config", str(hf), "--logits", str(hf))
         assert res.returncode == 0 and "EQUAL" in res.stdout, res.stdout + res.stderr
         assert not res.stdout.startswith("0 tensors")
     res = run_cli("checkpoint", "inspect", str(ckpt), "--config", str(hf), "--json")
@@ -88,7 +88,7 @@ def test_cli_inspect_and_verify_across_forms(tmp_path):
 def test_deepspeed_zero(tmp_path, stage):
     pytest.importorskip("deepspeed")
     model, hf = llama(tmp_path)
-    src, ref = in_a_process_without_xla(deepspeed_zero, tmp_path, "llama", stage=stage)
+    src, ref = in_a_process_without_xla(deepspeed_zero, tmp_path, "llama", env={"LOCAL_RANK": "0"}, stage=stage)
     result, _ = round_trip(tmp_path, src, ref, f"zero{stage}", config=hf)
     assert result["source"]["layout"] == "deepspeed"
     assert inspect_checkpoint(src / "global_step1", hf)["layout"] == "deepspeed"
