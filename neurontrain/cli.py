@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("neurontrain.commands.cache", "inspect and move the compile cache (local directory or s3://)"),
     "checkpoint": (
         "neurontrain.commands.checkpoint",
-        "migrate and verify checkpoints between GPU and Trainium layouts",
+        "inspect, migrate and verify checkpoints between GPU and Trainium layouts",
     ),
     "health": ("neurontrain.commands.health", "device and collective checks across workers; exit 3 on failure"),
     "submit": ("neurontrain.commands.submit", "submit a recipe to SLURM or SageMaker"),

@@ -1,15 +1,17 @@
-"""Lazy readers of checkpoints in every supported format, all exposing full tensors under Hugging Face names.
+"""Lazy readers of the files checkpoints are made of, exposing full tensors under the names found in them.
 
-GPU side: Hugging Face directories (model.safetensors, sharded safetensors with an index, pytorch_model.bin
-[sharded]), torch `.pt`/`.bin` state dicts (nested under model/state_dict, `module.` / `_orig_mod.` /
-`_fsdp_wrapped_module.` prefixes, CUDA tensors), FSDP full state dicts, torch.distributed.checkpoint (DCP)
-directories. Trainium side: the toolkit's training checkpoints and NxD per-rank shards (checkpoint/nxd.py).
-Tensors are read one at a time (safetensors per tensor, torch files memory-mapped), never the whole model.
+Readers: safetensors files (one or sharded), torch `.pt`/`.bin`/`.ckpt` files (a state dict, or a training
+checkpoint dict holding one under model/state_dict/model_state_dict/module), torch.distributed.checkpoint (DCP)
+directories (the model under any top-level key; optimizer namespaces kept apart). Wrapper prefixes (`module.`,
+`_orig_mod.`, `_fsdp_wrapped_module.`, `_checkpoint_wrapped_module.`) are removed from the names; which part of
+a name is the model's is decided later by matching the model (matching.py), never guessed here. Which tool
+wrote a checkpoint, and so which reader reads it, is layouts.py. Tensors are read one at a time (safetensors
+per tensor, torch files memory-mapped, DCP per key), never the whole model.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -23,14 +25,23 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from neurontrain.errors import UsageError, first_line
 
 _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_INNER = ("._orig_mod.", "._fsdp_wrapped_module.", "._checkpoint_wrapped_module.")
+# top-level keys of training checkpoints that hold the model, in the order they are tried
+MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module")
+OPTIMIZER_KEYS = ("optimizer", "optim", "optimizer_state_dict", "optimizer_states")
+# DCP namespaces of optimizer state: optimizer, optim, optimizer_0 (Lightning), optimizers ...
+_OPTIM_NAMESPACE = re.compile(r"^optim(izer)?s?(_state_dict|_states)?(_?\d+)?$")
 
 
 class TensorSource(Protocol):
     description: str
     config: dict | None
+    layout: str  # what inspect reports: dcp, lightning, hf-trainer, ...
+    writer: str  # the tool that writes this layout
 
     def keys(self) -> list[str]: ...
     def get(self, name: str) -> torch.Tensor: ...
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]: ...
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None: ...
 
 
@@ -41,23 +52,81 @@ def clean_name(name: str) -> str:
         for prefix in _PREFIXES:
             if name.startswith(prefix):
                 name, changed = name[len(prefix) :], True
-        name = name.replace("._fsdp_wrapped_module.", ".").replace("._checkpoint_wrapped_module.", ".")
+        for inner in _INNER:
+            name = name.replace(inner, ".")
     return name
 
 
-def _read_config(directory: Path) -> dict | None:
-    path = directory / "config.json"
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise UsageError(f"{path} is not valid JSON") from None
-    return None
+def load_torch_file(path: Path) -> object:
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:
+        hint = ""
+        if "Unsupported global" in str(exc) or "weights_only" in str(exc):
+            hint = "; it pickles objects other than tensors and plain containers, which are not loaded"
+        if "version" in str(exc).lower():
+            hint = f"; if a newer torch than {torch.__version__} wrote it, save its state dict again there"
+        raise UsageError(
+            f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {first_line(exc, 120)}){hint}"
+        ) from None
 
 
-class SafetensorsSource:
-    def __init__(self, files: list[Path], config: dict | None, description: str) -> None:
-        self.description, self.config = description, config
+def optimizer_by_name(state: dict, order: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """torch optimizer state dict ({state: {index: {...}}, param_groups}) -> {parameter name: {...}}; `order`
+    names the parameters when the groups carry no param_names."""
+    groups = state.get("param_groups", [])
+    names: list[str] = []
+    indices: list = []
+    for group in groups:
+        indices += list(group["params"])
+        names += [clean_name(n) for n in group.get("param_names", [])]
+    if all(isinstance(i, str) for i in indices) and indices:  # already keyed by name (FSDP full optim dicts)
+        names = [clean_name(i) for i in indices]
+    if not names:
+        names = order
+    if len(names) != len(indices):
+        raise UsageError(f"optimizer state covers {len(indices)} parameters, the model has {len(names)}")
+    return {name: dict(state["state"][idx]) for name, idx in zip(names, indices) if idx in state["state"]}
+
+
+def _torch_optimizer(obj: object) -> dict | None:
+    if isinstance(obj, list) and obj and isinstance(obj[0], dict):  # Lightning: optimizer_states = [state]
+        obj = obj[0]
+    return obj if isinstance(obj, dict) and "state" in obj else None
+
+
+class _OptimizerFromTorch:
+    """A torch-form optimizer state dict (read when first asked for), named by param_names or by the order
+    of the checkpoint's names."""
+
+    _optimizer: dict | None = None
+    _optimizer_file: Path | None = None
+
+    @property
+    def optimizer(self) -> dict | None:
+        if self._optimizer is None and self._optimizer_file is not None:
+            self._optimizer = _torch_optimizer(load_torch_file(self._optimizer_file))
+            self._optimizer_file = None
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: dict | None) -> None:
+        self._optimizer = value
+
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        if self.optimizer is None:
+            return None
+        return optimizer_by_name(self.optimizer, self.keys())
+
+    def load_optimizer_file(self, path: Path | None) -> None:
+        """The optimizer state in a file beside the weights (optimizer.pt, optimizer.bin), if there is one."""
+        if path is not None and path.is_file():
+            self._optimizer_file = path
+
+
+class SafetensorsSource(_OptimizerFromTorch):
+    def __init__(self, files: list[Path], config: dict | None, description: str, layout: str, writer: str) -> None:
+        self.description, self.config, self.layout, self.writer = description, config, layout, writer
         self._where: dict[str, tuple[Path, str]] = {}
         self._handles = {}
         for f in files:
@@ -67,7 +136,7 @@ class SafetensorsSource:
                 raise UsageError(f"{f} is not a readable safetensors file ({first_line(exc, 120)})") from None
             self._handles[f] = handle
             for key in handle.keys():
-                self._where[clean_name(key)] = (f, key)
+                self._where.setdefault(clean_name(key), (f, key))
 
     def keys(self) -> list[str]:
         return list(self._where)
@@ -79,48 +148,62 @@ class SafetensorsSource:
         except Exception as exc:
             raise UsageError(f"{f}: cannot read tensor {key} ({first_line(exc, 120)})") from None
 
-    def optimizer_state(self) -> None:
-        return None
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        f, key = self._where[name]
+        piece = self._handles[f].get_slice(key)
+        return tuple(piece.get_shape()), _SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.uint8)
 
 
-def load_torch_file(path: Path) -> object:
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as exc:
-        raise UsageError(
-            f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {first_line(exc, 120)})"
-        ) from None
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
-def _unwrap(obj: object, path: Path) -> tuple[dict, dict | None]:
-    """(state dict, optimizer state dict or None) from a torch checkpoint's top-level object."""
+def unwrap(obj: object, path: Path) -> tuple[dict, dict | None]:
+    """(state dict, torch-form optimizer state or None) from a torch checkpoint's top-level object."""
     optimizer = None
     if isinstance(obj, dict):
-        optimizer = obj.get("optimizer") or obj.get("optim") or obj.get("optimizer_state_dict")
-        for key in ("model", "state_dict", "model_state_dict", "module"):
+        optimizer = next((_torch_optimizer(obj[k]) for k in OPTIMIZER_KEYS if _torch_optimizer(obj.get(k))), None)
+        for key in MODEL_KEYS:
             if isinstance(obj.get(key), dict):
                 obj = obj[key]
                 break
     if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) for k in obj):
         raise UsageError(f"{path} does not hold a state dict (a mapping of names to tensors)")
-    tensors = {clean_name(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in obj.items():
+        if isinstance(v, torch.Tensor):
+            tensors.setdefault(clean_name(k), v)
     if not tensors:
         raise UsageError(f"{path} holds no tensors")
-    return tensors, optimizer if isinstance(optimizer, dict) else None
+    return tensors, optimizer
 
 
-class TorchSource:
+class TorchSource(_OptimizerFromTorch):
     def __init__(
-        self, files: list[Path], config: dict | None, description: str, param_order: list[str] | None = None
+        self,
+        files: list[Path],
+        config: dict | None,
+        description: str,
+        layout: str = "torch",
+        writer: str = "torch.save",
+        top: object | None = None,
     ) -> None:
-        self.description, self.config = description, config
+        self.description, self.config, self.layout, self.writer = description, config, layout, writer
         self._tensors: dict[str, torch.Tensor] = {}
-        self._optimizer = None
-        for f in files:
-            tensors, optimizer = _unwrap(load_torch_file(f), f)
+        for i, f in enumerate(files):
+            tensors, optimizer = unwrap(top if top is not None and i == 0 else load_torch_file(f), f)
             self._tensors.update(tensors)
-            self._optimizer = self._optimizer or optimizer
-        self._param_order = param_order
+            self.optimizer = self.optimizer or optimizer
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -128,57 +211,41 @@ class TorchSource:
     def get(self, name: str) -> torch.Tensor:
         return self._tensors[name]
 
-    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        if self._optimizer is None:
-            return None
-        return optimizer_by_name(self._optimizer, self._param_order or self._default_order())
-
-    def _default_order(self) -> list[str]:
-        """The toolkit's AdamW grouping: matrices (weight decay) first, then vectors, each in model order; tied
-        tensors count once."""
-        seen, names = set(), []
-        for name, t in self._tensors.items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-            if key not in seen:
-                seen.add(key)
-                names.append(name)
-        return [n for n in names if self._tensors[n].ndim >= 2] + [n for n in names if self._tensors[n].ndim < 2]
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        t = self._tensors[name]
+        return tuple(t.shape), t.dtype
 
 
-def optimizer_by_name(state: dict, order: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """torch optimizer state dict ({state: {index: {...}}, param_groups}) -> {parameter name: {...}}."""
-    groups = state.get("param_groups", [])
-    names: list[str] = []
-    indices: list[int] = []
-    for group in groups:
-        indices += list(group["params"])
-        names += [clean_name(n) for n in group.get("param_names", [])]
-    if not names:
-        names = order
-    if len(names) != len(indices):
-        raise UsageError(f"optimizer state covers {len(indices)} parameters, the model has {len(names)}")
-    return {name: dict(state["state"][idx]) for name, idx in zip(names, indices) if idx in state["state"]}
+def is_optimizer_key(key: str) -> bool:
+    return bool(_OPTIM_NAMESPACE.match(key.split(".", 1)[0]))
 
 
 class DCPSource:
-    """torch.distributed.checkpoint directory, read one tensor at a time without a process group."""
+    """torch.distributed.checkpoint directory, read one tensor at a time without a process group. Tensors under
+    an optimizer namespace are optimizer state (`<ns>.state.<parameter>.<exp_avg|exp_avg_sq|step>`)."""
 
-    def __init__(self, directory: Path, config: dict | None) -> None:
+    def __init__(self, directory: Path, config: dict | None, layout: str = "dcp", writer: str = "") -> None:
         self.description, self.config, self.directory = f"DCP {directory}", config, directory
+        self.layout, self.writer = layout, writer or "torch.distributed.checkpoint (dcp.save)"
         try:
             metadata = FileSystemReader(str(directory)).read_metadata()
         except Exception as exc:
-            raise UsageError(f"{directory} is not a readable DCP checkpoint ({type(exc).__name__})") from None
+            raise UsageError(
+                f"{directory} is not a readable DCP checkpoint ({type(exc).__name__}: {first_line(exc, 100)}); "
+                f"if a newer torch than {torch.__version__} wrote it, save it there with torch's "
+                "dcp_to_torch_save and migrate that file"
+            ) from None
         self._meta = {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-        model_keys = [k for k in self._meta if k.startswith("model.")]
-        self._prefix = "model." if model_keys and len(model_keys) == len(self._meta) else ""
-        self._names = {clean_name(k[len(self._prefix) :]): k for k in self._meta}
+        self._names: dict[str, str] = {}
+        for k in self._meta:
+            if not is_optimizer_key(k):
+                self._names.setdefault(clean_name(k), k)
+        self.optimizer_keys = [k for k in self._meta if is_optimizer_key(k)]
 
     def keys(self) -> list[str]:
         return list(self._names)
 
-    def get(self, name: str) -> torch.Tensor:
-        key = self._names[name]
+    def _load(self, key: str) -> torch.Tensor:
         meta = self._meta[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
         with warnings.catch_warnings():
@@ -186,41 +253,19 @@ class DCPSource:
             dcp.load(out, checkpoint_id=str(self.directory))
         return out[key]
 
-    def optimizer_state(self) -> None:
-        return None
+    def get(self, name: str) -> torch.Tensor:
+        return self._load(self._names[name])
 
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        meta = self._meta[self._names[name]]
+        return tuple(meta.size), meta.properties.dtype
 
-def open_gpu_checkpoint(path: Path, config_path: Path | None = None) -> TensorSource:
-    """Any GPU-side checkpoint: a HF directory, a DCP directory, a torch/safetensors file."""
-    if not path.exists():
-        raise UsageError(f"{path} does not exist")
-    config = _read_config(
-        config_path if config_path and config_path.is_dir() else path if path.is_dir() else path.parent
-    )
-    if config_path and config_path.is_file():
-        config = json.loads(config_path.read_text())
-    if path.is_dir():
-        index = next(
-            (p for p in (path / "model.safetensors.index.json", path / "pytorch_model.bin.index.json") if p.is_file()),
-            None,
-        )
-        if index is not None:
-            try:
-                files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
-            except (json.JSONDecodeError, KeyError):
-                raise UsageError(f"{index} is not a valid weight index") from None
-            missing = [f for f in files if not f.is_file()]
-            if missing:
-                raise UsageError(f"{index} names a missing shard {missing[0].name}")
-            cls = SafetensorsSource if index.name.startswith("model.safetensors") else TorchSource
-            return cls(files, config, f"HF sharded {path}")
-        if (path / "model.safetensors").is_file():
-            return SafetensorsSource([path / "model.safetensors"], config, f"HF {path}")
-        if (path / "pytorch_model.bin").is_file():
-            return TorchSource([path / "pytorch_model.bin"], config, f"HF {path}")
-        if (path / ".metadata").is_file():
-            return DCPSource(path, config)
-        raise UsageError(f"{path}: no model.safetensors, pytorch_model.bin, weight index or DCP .metadata found")
-    if path.suffix == ".safetensors":
-        return SafetensorsSource([path], config, f"safetensors {path}")
-    return TorchSource([path], config, f"torch {path}")
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """{parameter name as the optimizer knows it: {moment: tensor}} from the name-keyed form."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for key in self.optimizer_keys:
+            rest = key.split(".", 1)[1] if "." in key else ""
+            if rest.startswith("state.") and "." in rest[6:]:
+                parameter, moment = rest[6:].rsplit(".", 1)
+                out.setdefault(clean_name(parameter), {})[moment] = self._load(key)
+        return out or None

@@ -23,19 +23,24 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from neurontrain.checkpoint.formats import TensorSource, open_gpu_checkpoint
+from neurontrain.checkpoint.formats import TensorSource
+from neurontrain.checkpoint.layouts import open_gpu_checkpoint
+from neurontrain.checkpoint.matching import MappedSource, check_loads
 from neurontrain.checkpoint.nxd import (
     SPEC_FILE,
     NxdReader,
     fused_groups,
-    is_nxd_checkpoint,
     rank_file,
     rank_tensors,
     stage_names,
 )
+from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
 from neurontrain.checkpoint.rules import ShardingSpec, vocab_size_with_padding
 from neurontrain.errors import UsageError
-from neurontrain.loop.checkpoints import latest_checkpoint
+from neurontrain.logs import get_logger
+
+log = get_logger(__name__)
+__all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoint"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
@@ -67,29 +72,6 @@ class MigrateOptions:
             raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
         if self.pad_vocab_multiple is not None and self.to != "neuron":
             raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
-
-
-def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
-    """Any supported checkpoint, as full tensors under Hugging Face names."""
-    if not path.exists():
-        raise UsageError(f"{path} does not exist")
-    if is_nxd_checkpoint(path):
-        return NxdReader(path)
-    if path.is_dir() and (path / "state.pt").is_file():  # a toolkit training checkpoint
-        return open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
-    if path.is_dir() and (path / "checkpoints").is_dir():  # a run's output directory: its newest checkpoint
-        latest = latest_checkpoint(path / "checkpoints")
-        if latest is None:
-            raise UsageError(f"{path}/checkpoints holds no complete checkpoint")
-        return open_gpu_checkpoint(latest / "state.pt", config or _toolkit_config(latest))
-    return open_gpu_checkpoint(path, config)
-
-
-def _toolkit_config(checkpoint_dir: Path) -> Path | None:
-    for candidate in (checkpoint_dir.parent.parent / "model", checkpoint_dir / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    return None
 
 
 def spec_from_config(
@@ -203,6 +185,8 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         (out / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1))
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
+        reader = NxdReader(out)
+        check_loads(source.config, {n: tuple(reader.get(n).shape) for n in reader.keys()}, f"the output for {dest}")
         (out / "done").touch()
     return {
         "to": "neuron",
@@ -306,6 +290,7 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
                 "param_groups": [{"params": list(range(len(ordered))), "param_names": ordered}],
             }
             torch.save(state, out / "optimizer.pt")
+        _check_gpu_output(out, dest)
     stripped = source.spec.vocab_padding if isinstance(source, NxdReader) else 0
     return {
         "to": "gpu",
@@ -317,8 +302,31 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     }
 
 
+def _check_gpu_output(out: Path, dest: Path) -> None:
+    written = open_gpu_checkpoint(out)
+    if written.config is None:
+        log.warning("no model config known: %s is not checked to load into its model", dest)
+        return
+    check_loads(written.config, {n: written.meta(n)[0] for n in written.keys()}, f"the output for {dest}")
+
+
+def _source_report(source: TensorSource) -> dict:
+    report = {"layout": source.layout, "writer": source.writer}
+    if isinstance(source, MappedSource):
+        report |= {"prefix": source.mapping.strip, "not_converted": len(source.extras)}
+        if source.extras:
+            log.info(
+                "%d entries of %s are not model tensors and are not converted (first: %s)",
+                len(source.extras),
+                source.description,
+                source.extras[0],
+            )
+    return report
+
+
 def migrate(src: Path, dest: Path, opts: MigrateOptions) -> dict:
     if dest.resolve() == src.resolve():
         raise UsageError("the destination is the source")
-    source = open_checkpoint(src, opts.config)
-    return to_neuron(source, dest, opts) if opts.to == "neuron" else to_gpu(source, dest, opts)
+    source = open_model_checkpoint(src, opts.config)
+    result = to_neuron(source, dest, opts) if opts.to == "neuron" else to_gpu(source, dest, opts)
+    return {**result, "source": _source_report(source)}

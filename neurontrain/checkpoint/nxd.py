@@ -102,6 +102,7 @@ class NxdReader:
         config = directory / "config.json"
         self.config = json.loads(config.read_text()) if config.is_file() else None
         self.description = f"NxD tp {spec.tp} pp {spec.pp} {directory}"
+        self.layout, self.writer = "nxd", "neurontrain checkpoint migrate --to neuron (NxD per-rank shards)"
         self._groups = fused_groups(spec, spec.names)
         self._target = {name: target for target, members in self._groups.items() for name, _ in members}
 
@@ -144,6 +145,10 @@ class NxdReader:
                 piece = split_fused(spec, "qkv" if rule in ("q", "k", "v") else "gate_up", piece)[rule]
             pieces.append(piece)
         return merge(spec, rule, pieces)
+
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        tensor = self.get(name)
+        return tuple(tensor.shape), tensor.dtype
 
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
         optim = self.directory / "optim"

@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import torch
-import transformers
 
 from neurontrain.checkpoint.formats import TensorSource
+from neurontrain.checkpoint.matching import MappedSource, model_from_config
+from neurontrain.checkpoint.nxd import NxdReader
+from neurontrain.checkpoint.opening import open_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.loop.planning import make_plan
 from neurontrain.recipe import load_recipe
@@ -56,23 +58,13 @@ def compare(a: TensorSource, b: TensorSource, atol: float = 0.0) -> dict:
     }
 
 
-def _model_from_config(config: dict) -> torch.nn.Module:
-    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("transformers_version",)})
-    arch = (config.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:
-        cls = transformers.AutoModelForCausalLM if cfg.model_type != "bert" else transformers.AutoModel
-        return cls.from_config(cfg)
-    return cls(cfg)
-
-
 def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -> float:
     """Max abs difference of the two models' outputs (fp32, eval mode) on a seeded random batch."""
     outputs = []
     torch.manual_seed(seed)
     ids = torch.randint(0, config.get("vocab_size", 100), (2, 16))
     for source in (a, b):
-        model = _model_from_config(config).float().eval()
+        model = model_from_config(config).float().eval()
         state = {n: source.get(n).float() for n in source.keys()}
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if config.get("tie_word_embeddings", True) else set()
@@ -87,6 +79,19 @@ def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -
             out = model(input_ids=ids)
         outputs.append(out.logits if hasattr(out, "logits") else out.last_hidden_state)
     return (outputs[0] - outputs[1]).abs().max().item()
+
+
+def open_pair(
+    path_a: Path, path_b: Path, config: Path | None, logits: Path | None
+) -> tuple[TensorSource, TensorSource, dict | None]:
+    """Both checkpoints under the model's names (each matched against the config of either side, --config or
+    the --logits config), or under the names found when no config is known; and that config."""
+    a, b = open_checkpoint(path_a, config), open_checkpoint(path_b, config)
+    shared = config_for_logits(logits, a, b) if logits else a.config or b.config
+    if shared is None:
+        return a, b, None
+    mapped = [s if isinstance(s, NxdReader) else MappedSource(s, s.config or shared) for s in (a, b)]
+    return mapped[0], mapped[1], shared
 
 
 def config_for_logits(path: Path, a: TensorSource, b: TensorSource) -> dict:

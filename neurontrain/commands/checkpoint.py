@@ -1,4 +1,4 @@
-"""`neurontrain checkpoint migrate|verify`: checkpoints between GPU and Trainium (NxD) layouts."""
+"""`neurontrain checkpoint migrate|verify|inspect`: checkpoints between GPU and Trainium (NxD) layouts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
-from neurontrain.checkpoint.verify import compare, config_for_logits, logits_diff
+from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.checkpoint.report import describe, inspect_checkpoint
+from neurontrain.checkpoint.verify import compare, logits_diff, open_pair
 from neurontrain.commands.arguments import options_from
 from neurontrain.errors import UsageError
 
@@ -40,12 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--logits", metavar="RECIPE_OR_CONFIG", help="also compare model outputs on a sample input")
     ver.add_argument("--config", help="Hugging Face config for sources without one")
     ver.add_argument("--json", action="store_true")
+    ins = sub.add_parser("inspect", help="what a checkpoint is: layout, writer, model prefix, tensors, optimizer")
+    ins.add_argument("src")
+    ins.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
+    ins.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.checkpoint_command is None:
-        raise UsageError("checkpoint needs a command: migrate, verify")
+        raise UsageError("checkpoint needs a command: migrate, verify, inspect")
+    if args.checkpoint_command == "inspect":
+        return _inspect(args)
     return _migrate(args) if args.checkpoint_command == "migrate" else _verify(args)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    report = inspect_checkpoint(Path(args.src), Path(args.config) if args.config else None)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(describe(report)))
+    return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -62,10 +75,10 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     config = Path(args.config) if args.config else None
-    a, b = open_checkpoint(Path(args.a), config), open_checkpoint(Path(args.b), config)
+    a, b, model_config = open_pair(Path(args.a), Path(args.b), config, Path(args.logits) if args.logits else None)
     result = compare(a, b, args.atol)
     if args.logits:
-        result["logits_max_abs_diff"] = logits_diff(a, b, config_for_logits(Path(args.logits), a, b))
+        result["logits_max_abs_diff"] = logits_diff(a, b, model_config)
         result["equal"] = result["equal"] and result["logits_max_abs_diff"] <= max(args.atol, 1e-5)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -1,0 +1,233 @@
+"""Names by matching the model, never by guessing.
+
+The target model is built from its config on the meta device (no memory, no weights); its state dict gives
+the names and shapes a checkpoint must cover. A mapping strips a prefix from the checkpoint's names and adds
+one (`model.model.layers.0...` of a LightningModule -> `model.layers.0...`); the mapping used is the one, and
+only one, under which the checkpoint covers every model tensor with the right shape (tied tensors: either
+name). Entries the mapping leaves over (optimizer state, step counters, other modules) are reported, not
+converted. No fit or several: UsageError naming the closest candidates. `check_loads` loads names and shapes
+into the model with strict=True, which migrate runs on its output before publishing it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+
+from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
+from neurontrain.errors import NeurontrainError, UsageError
+
+
+def model_from_config(config: dict) -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("transformers_version",)})
+    arch = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        cls = transformers.AutoModelForCausalLM if cfg.model_type != "bert" else transformers.AutoModel
+        return cls.from_config(cfg)
+    return cls(cfg)
+
+
+def architecture(config: dict) -> str:
+    return (config.get("architectures") or [config.get("model_type", "model")])[0]
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    shapes: dict[str, tuple[int, ...]]  # the state dict's names, in model order
+    groups: list[list[str]]  # names of one tensor (tied weights share one), the first is the canonical name
+    orders: list[list[str]]  # canonical parameter names in the orders optimizers are built in
+
+
+@functools.lru_cache(maxsize=8)
+def _model_names(config_json: str) -> ModelNames:
+    with torch.device("meta"):
+        model = model_from_config(json.loads(config_json))
+    state = model.state_dict(keep_vars=True)
+    by_tensor: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        by_tensor.setdefault(id(tensor), []).append(name)
+    params = [n for n, _ in model.named_parameters()]
+    matrices = [n for n in params if state[n].ndim >= 2]
+    orders = [params, matrices + [n for n in params if n not in matrices]]
+    shapes = {n: tuple(t.shape) for n, t in state.items()}
+    return ModelNames(shapes, list(by_tensor.values()), orders)
+
+
+def model_names(config: dict) -> ModelNames:
+    return _model_names(json.dumps(config, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _trainer_order(config_json: str) -> tuple[str, ...]:
+    """The transformers Trainer's optimizer grouping: weight-decayed parameters first (importing the Trainer
+    takes seconds: only for an optimizer state without names)."""
+    with torch.device("meta"):
+        model = model_from_config(json.loads(config_json))
+    params = [n for n, _ in model.named_parameters()]
+    try:
+        decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    except Exception:  # a Trainer without this helper, or without accelerate: the other orders remain
+        return tuple(params)
+    return tuple([n for n in params if n in decay] + [n for n in params if n not in decay])
+
+
+@dataclass
+class Candidate:
+    strip: str
+    add: str
+    chosen: dict[str, str] = field(default_factory=dict)  # canonical model name -> checkpoint name
+    missing: list[str] = field(default_factory=list)
+    wrong_shape: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.chosen) and not self.missing and not self.wrong_shape
+
+    def describe(self, total: int) -> str:
+        how = f"strip {self.strip!r}" + (f", add {self.add!r}" if self.add else "")
+        bad = self.missing[:2] or [f"{n} (shape)" for n in self.wrong_shape[:2]]
+        return f"{how}: {len(self.chosen)} of {total} tensors" + (f", lacking {', '.join(bad)}" if bad else "")
+
+
+def _suffix_pair(key: str, name: str) -> tuple[str, str] | None:
+    a, b = key.split("."), name.split(".")
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    if n < min(2, len(b)):  # a module and a tensor name in common (`q_proj.weight`), or the whole name
+        return None
+    return "".join(p + "." for p in a[: len(a) - n]), "".join(p + "." for p in b[: len(b) - n])
+
+
+def _evaluate(source: TensorSource, names: ModelNames, strip: str, add: str) -> Candidate:
+    mapped = {add + k[len(strip) :]: k for k in source.keys() if k.startswith(strip)}
+    cand = Candidate(strip, add)
+    for group in names.groups:
+        present = [n for n in group if n in mapped]
+        if not present:
+            cand.missing.append(group[0])
+        elif source.meta(mapped[present[0]])[0] != names.shapes[group[0]]:
+            cand.wrong_shape.append(group[0])
+        else:
+            cand.chosen[group[0]] = mapped[present[0]]
+    return cand
+
+
+def find_mapping(source: TensorSource, config: dict) -> Candidate:
+    names = model_names(config)
+    keys = source.keys()
+    seeds = [g[0] for g in names.groups if not any(p.isdigit() for p in g[0].split("."))] + list(names.shapes)[:8]
+    pairs = {pair for seed in seeds for k in keys if (pair := _suffix_pair(k, seed)) is not None}
+    candidates = [_evaluate(source, names, strip, add) for strip, add in sorted(pairs)]
+    fits: dict[frozenset, Candidate] = {}
+    for cand in candidates:
+        if cand.fits:
+            fits.setdefault(frozenset(cand.chosen.items()), cand)
+    total, arch = len(names.groups), architecture(config)
+    if len(fits) == 1:
+        return next(iter(fits.values()))
+    if fits:
+        ways = "; ".join(c.describe(total) for c in fits.values())
+        raise UsageError(
+            f"{source.description}: its names fit the {arch} model in {len(fits)} ways ({ways}); keep one copy of "
+            "the model in the checkpoint"
+        )
+    closest = sorted(candidates, key=lambda c: -len(c.chosen))[:2]
+    detail = "; ".join(c.describe(total) for c in closest) or f"first name {keys[0] if keys else 'none'}"
+    raise UsageError(
+        f"{source.description}: no mapping of its {len(keys)} tensor names covers the {arch} model of the config "
+        f"(closest: {detail}); pass --config with the config of the model it holds"
+    )
+
+
+class MappedSource:
+    """A checkpoint's tensors under the model's own names (the mapping found by find_mapping)."""
+
+    def __init__(self, raw: TensorSource, config: dict) -> None:
+        self.raw, self.config = raw, config
+        self.description, self.layout, self.writer = raw.description, raw.layout, raw.writer
+        self.mapping = find_mapping(raw, config)
+        self._names = model_names(config)
+        self._keys = self.mapping.chosen
+        used = set(self._keys.values())
+        self.extras = [k for k in raw.keys() if k not in used]
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.raw.get(self._keys[name])
+
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        return self.raw.meta(self._keys[name])
+
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        torch_form = getattr(self.raw, "optimizer", None)
+        named = self._name_torch_form(torch_form) if torch_form is not None else self.raw.optimizer_state()
+        if named is None:
+            return None
+        out = {}
+        for name, key in self._keys.items():
+            parts = key.split(".")
+            for candidate in [".".join(parts[i:]) for i in range(len(parts))] + [name]:
+                if candidate in named:
+                    out[name] = named[candidate]
+                    break
+        return out
+
+    def _name_torch_form(self, state: dict) -> dict[str, dict[str, torch.Tensor]]:
+        groups = state.get("param_groups", [])
+        indices = [i for g in groups for i in g["params"]]
+        if any("param_names" in g for g in groups) or (indices and isinstance(indices[0], str)):
+            return optimizer_by_name(state, [])
+
+        def fit(orders: list) -> list[list[str]]:
+            found: list[list[str]] = []
+            for order in orders:
+                keys = [self._keys[n] for n in order if n in self._keys]
+                if (
+                    keys not in found
+                    and len(keys) == len(indices)
+                    and all(
+                        tuple(state["state"][i]["exp_avg"].shape) == self.raw.meta(k)[0]
+                        for k, i in zip(keys, indices)
+                        if i in state["state"] and "exp_avg" in state["state"][i]
+                    )
+                ):
+                    found.append(keys)
+            return found
+
+        fitting = fit(self._names.orders) or fit([_trainer_order(json.dumps(self.config, sort_keys=True))])
+        if len(fitting) != 1:
+            raise UsageError(
+                f"{self.description}: the optimizer state holds no parameter names and "
+                f"{'no' if not fitting else 'more than one'} parameter order of the model fits its "
+                f"{len(indices)} entries; save the optimizer built from named_parameters() (torch>=2.6 keeps names)"
+            )
+        return optimizer_by_name(state, fitting[0])
+
+
+def check_loads(config: dict, shapes: dict[str, tuple[int, ...]], what: str) -> None:
+    """Load the given names and shapes into the config's model with strict=True (on the meta device); a
+    NeurontrainError if they do not load."""
+    names = model_names(config)
+    state = {n: torch.empty(s, device="meta") for n, s in shapes.items()}
+    for group in names.groups:
+        present = next((n for n in group if n in state), None)
+        for n in group:
+            if present is not None and n not in state:
+                state[n] = state[present]
+    with torch.device("meta"):
+        model = model_from_config(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise NeurontrainError(
+            f"{what} would not load into {architecture(config)} with strict=True, so it was not written: {detail}"
+        ) from None

@@ -1,0 +1,234 @@
+"""Checkpoints written at test time by the real tools GPU users train with (torch DCP with FSDP2 and FSDP1,
+DDP, torch.compile, Lightning, the transformers Trainer, accelerate), on CPU, each after one AdamW step of a tiny
+model. Every writer returns (checkpoint path, reference directory): the reference is the same trained weights
+written by the model's own save_pretrained."""
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+
+@contextlib.contextmanager
+def world_of_one():
+    """A gloo process group of one rank in this process (no subprocess, no port)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def batch(model):
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    labels = torch.tensor([0, 1]) if model.config.model_type == "bert" else ids
+    return {"input_ids": ids, "labels": labels}
+
+
+def train_step(model, optimizer):
+    model(**batch(getattr(model, "module", model))).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _reference(model, full_state, path):
+    """A fresh model of the same config loaded with full_state, written by save_pretrained."""
+    cls = next(c for c in type(model).__mro__ if c.__module__.startswith("transformers."))  # FSDP2 subclasses
+    fresh = cls(model.config)
+    fresh.load_state_dict(full_state)
+    fresh.save_pretrained(path)
+    return path
+
+
+def fsdp2_dcp(tmp_path, model):
+    """FSDP2 (fully_shard) + get_state_dict + dcp.save({"model": ..., "optimizer": ...}), as torch's docs and
+    torchtitan do. Returns (dcp dir, reference dir, the optimizer state dict with full tensors by name)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with world_of_one():
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        train_step(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp_path / "fsdp2-dcp"))
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        moments = {
+            name: {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in s.items()}
+            for name, s in osd["state"].items()
+        }
+    return tmp_path / "fsdp2-dcp", _reference(model, full, tmp_path / "fsdp2-ref"), moments
+
+
+def fsdp1_sharded_dcp(tmp_path, model):
+    """FSDP1 SHARDED_STATE_DICT saved through DCP as {"model", "optim"}."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+
+    with world_of_one():
+        fsdp = FSDP(model, device_id=torch.device("cpu"))
+        optimizer = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
+        train_step(fsdp, optimizer)
+        with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
+            state = {"model": fsdp.state_dict(), "optim": FSDP.optim_state_dict(fsdp, optimizer)}
+            dcp.save(state, checkpoint_id=str(tmp_path / "fsdp1-dcp"))
+        with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
+            full = fsdp.state_dict()
+    return tmp_path / "fsdp1-dcp", _reference(model, full, tmp_path / "fsdp1-ref")
+
+
+def ddp_torch_save(tmp_path, model, key="model"):
+    """DDP's state dict (`module.` names) and the id-keyed optimizer state in one torch.save dict."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    with world_of_one():
+        ddp = DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        train_step(ddp, optimizer)
+        torch.save({key: ddp.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1}, tmp_path / "ddp.pt")
+    model.save_pretrained(tmp_path / "ddp-ref")
+    return tmp_path / "ddp.pt", tmp_path / "ddp-ref", optimizer
+
+
+def compiled_torch_save(tmp_path, model):
+    """torch.compile's wrapper names every tensor `_orig_mod.`; saved as a training dict."""
+    compiled = torch.compile(model)
+    optimizer = torch.optim.AdamW(compiled.parameters(), lr=1e-3)
+    train_step(model, optimizer)  # eager: the names are what matters, not the compiled graph
+    torch.save({"model_state_dict": compiled.state_dict(), "step": 1}, tmp_path / "compiled.pt")
+    model.save_pretrained(tmp_path / "compiled-ref")
+    return tmp_path / "compiled.pt", tmp_path / "compiled-ref"
+
+
+def lightning_ckpt(tmp_path, model, sharded=False):
+    """A Lightning Trainer run of one step whose LightningModule holds the model as `self.model`: a .ckpt file
+    from trainer.save_checkpoint (names `model.<hf name>`, optimizer_states id-keyed), or with sharded=True the
+    `last.ckpt/` directory Lightning's FSDP strategy writes with state_dict_type="sharded": Lightning refuses FSDP
+    on a CPU accelerator ("FSDP needs a non-CPU accelerator device"), so the directory is written as that
+    strategy's save_checkpoint does, with Lightning's own writer: {"model": state dict, "optimizer_0": name-keyed
+    optimizer state} through _distributed_checkpoint_save (DCP), the rest of the checkpoint in meta.pt."""
+    import lightning as L
+    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    class Module(L.LightningModule):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def training_step(self, data, index):
+            return self.model(**data).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    loader = torch.utils.data.DataLoader([batch(model)], batch_size=None)
+    module = Module(model)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, loader)
+    model.save_pretrained(tmp_path / "lightning-ref")
+    path = tmp_path / ("last.ckpt" if sharded else "lightning.ckpt")
+    if not sharded:
+        trainer.save_checkpoint(path)
+        return path, tmp_path / "lightning-ref"
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+    converted = {"model": checkpoint.pop("state_dict")}
+    converted["optimizer_0"] = get_optimizer_state_dict(module, trainer.optimizers[0])
+    checkpoint.pop("optimizer_states", None)
+    path.mkdir()
+    _distributed_checkpoint_save(converted, path)
+    torch.save(checkpoint, path / "meta.pt")
+    return path, tmp_path / "lightning-ref"
+
+
+def hf_trainer(tmp_path, model):
+    """transformers Trainer, one step, save_steps=1: output/checkpoint-1/ (weights, optimizer.pt, trainer_state)."""
+    from transformers import Trainer, TrainingArguments
+
+    data = batch(model)
+    rows = [{k: v[i] for k, v in data.items()} for i in range(2)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        max_steps=1,
+        save_steps=1,
+        per_device_train_batch_size=2,
+        use_cpu=True,
+        report_to=[],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    Trainer(model=model, args=args, train_dataset=rows).train()
+    model.save_pretrained(tmp_path / "trainer-ref")
+    return tmp_path / "trainer" / "checkpoint-1", tmp_path / "trainer-ref"
+
+
+def accelerate_state(tmp_path, model):
+    """accelerate's Accelerator.save_state after one step: model.safetensors, optimizer.bin, random_states_0.pkl
+    (no config.json: migrate needs --config)."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    prepared, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    train_step(prepared, optimizer)
+    accelerator.save_state(str(tmp_path / "accelerate"))
+    model.save_pretrained(tmp_path / "accelerate-ref")
+    return tmp_path / "accelerate", tmp_path / "accelerate-ref"
+
+
+def deepspeed_zero(tmp_path, model, stage):
+    """DeepSpeed ZeRO stage 1-3 on CPU (gloo, fp32, torch's AdamW as the client optimizer), one step, then
+    engine.save_checkpoint: ds/latest and ds/global_step1/ partitions."""
+    import deepspeed
+
+    config = {
+        "train_batch_size": 2,
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    }
+    with world_of_one():
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        engine.backward(engine(**batch(model)).loss)
+        engine.step()
+        engine.save_checkpoint(str(tmp_path / "ds"))
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=stage == 3):
+            full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return tmp_path / "ds", _reference(model, full, tmp_path / "ds-ref")
+
+
+def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
+    """Run `writer(tmp_path, model)` in a fresh process with USE_TORCH_XLA=0: transformers' Trainer and accelerate
+    would otherwise train on the XLA device torch-xla provides here (a GPU user's run has none). The model is
+    the family's tiny model (checkpoint_models), built there with the same seed. Returns the writer's paths."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    code = (
+        f"import sys, json; sys.path.insert(0, {tests!r})\n"
+        "from pathlib import Path\n"
+        "import checkpoint_models, checkpoint_tools\n"
+        f"model, _ = checkpoint_models.{family}(Path({str(tmp_path)!r}))\n"
+        f"paths = checkpoint_tools.{writer.__name__}(Path({str(tmp_path)!r}), model, **{options!r})\n"
+        "print(json.dumps([str(p) for p in paths]))\n"
+    )
+    env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", **(env or {})}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+
+    return [Path(p) for p in json.loads(res.stdout.strip().splitlines()[-1])]

@@ -1,0 +1,94 @@
+"""Checkpoints written by Lightning (Trainer .ckpt, FSDP sharded .ckpt/ directory), the transformers Trainer and
+accelerate, generated here by those tools on CPU: each migrates --to neuron --tp 2 and back and equals the
+model's own save_pretrained; optimizer moments carried by name; inspect names each layout; verify reads the
+DCP, Lightning and HF forms of the same weights as EQUAL (through the CLI, in a process)."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from checkpoint_checks import assert_moments, round_trip
+from checkpoint_models import bert, llama
+from checkpoint_tools import accelerate_state, deepspeed_zero, hf_trainer, in_a_process_without_xla, lightning_ckpt
+from conftest import run_cli
+
+from neurontrain.checkpoint.report import inspect_checkpoint
+
+pytest.importorskip("lightning")
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_lightning_ckpt(tmp_path, family):
+    model, hf = (llama if family == "llama" else bert)(tmp_path)
+    src, ref = lightning_ckpt(tmp_path, model)
+    result, back = round_trip(tmp_path, src, ref, "lightning", config=hf, with_optimizer=True)
+    assert result["source"]["layout"] == "lightning" and result["source"]["prefix"] == "model."
+    state = torch.load(src, weights_only=True)["optimizer_states"][0]
+    assert_moments(back, {n: state["state"][i] for i, (n, _) in enumerate(model.named_parameters())})
+    assert inspect_checkpoint(src, hf)["layout"] == "lightning"
+
+
+def test_lightning_fsdp_sharded_directory(tmp_path):
+    model, hf = llama(tmp_path)
+    src, ref = lightning_ckpt(tmp_path, model, sharded=True)
+    assert src.is_dir() and (src / "meta.pt").is_file()
+    result, _ = round_trip(tmp_path, src, ref, "lightning-fsdp", config=hf, with_optimizer=True)
+    assert result["source"]["layout"] == "lightning-sharded" and result["source"]["prefix"] == "model.model."
+    report = inspect_checkpoint(src, hf)
+    assert report["layout"] == "lightning-sharded" and report["optimizer_state"]
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_hf_trainer_checkpoint(tmp_path, family):
+    model, _ = (llama if family == "llama" else bert)(tmp_path)
+    src, ref = in_a_process_without_xla(hf_trainer, tmp_path, family)
+    result, back = round_trip(tmp_path, src, ref, "trainer", with_optimizer=True)
+    assert result["source"]["layout"] == "hf-trainer"
+    assert inspect_checkpoint(src)["layout"] == "hf-trainer"
+    # the Trainer's optimizer holds no names: its groups are the weight-decayed parameters, then the others
+    from transformers import Trainer
+
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    names = [n for n, _ in model.named_parameters()]
+    order = [n for n in names if n in decay] + [n for n in names if n not in decay]
+    state = torch.load(src / "optimizer.pt", weights_only=True)["state"]
+    assert_moments(back, {n: state[i] for i, n in enumerate(order)})
+
+
+def test_accelerate_save_state(tmp_path):
+    model, hf = llama(tmp_path)
+    src, ref = in_a_process_without_xla(accelerate_state, tmp_path, "llama")
+    result, back = round_trip(tmp_path, src, ref, "accelerate", config=hf, with_optimizer=True)
+    assert result["source"]["layout"] == "accelerate"
+    optimizer_state = torch.load(src / "optimizer.bin", weights_only=True)
+    expected = {n: optimizer_state["state"][i] for i, (n, _) in enumerate(model.named_parameters())}
+    assert_moments(back, expected)
+    assert inspect_checkpoint(src, hf)["layout"] == "accelerate"
+
+
+def test_cli_inspect_and_verify_across_forms(tmp_path):
+    """The same weights as a Lightning .ckpt, DCP and HF safetensors: verify says EQUAL for each pair."""
+    model, hf = llama(tmp_path)
+    ckpt, ref = lightning_ckpt(tmp_path, model)
+    dcp.save({"model": model.state_dict(), "step": torch.tensor(1)}, checkpoint_id=str(tmp_path / "dcp"))
+    for a, b in ((tmp_path / "dcp", ref), (ckpt, ref), (tmp_path / "dcp", ckpt)):
+        res = run_cli("checkpoint", "verify", str(a), str(b), "--config", str(hf), "--logits", str(hf))
+        assert res.returncode == 0 and "EQUAL" in res.stdout, res.stdout + res.stderr
+        assert not res.stdout.startswith("0 tensors")
+    res = run_cli("checkpoint", "inspect", str(ckpt), "--config", str(hf), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["layout"] == "lightning" and report["prefix"] == "model." and report["optimizer_state"]
+    res = run_cli("checkpoint", "inspect", str(tmp_path / "dcp"))
+    assert res.returncode == 0 and "config needed" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero(tmp_path, stage):
+    pytest.importorskip("deepspeed")
+    model, hf = llama(tmp_path)
+    src, ref = in_a_process_without_xla(deepspeed_zero, tmp_path, "llama", env={"LOCAL_RANK": "0"}, stage=stage)
+    result, _ = round_trip(tmp_path, src, ref, f"zero{stage}", config=hf)
+    assert result["source"]["layout"] == "deepspeed"
+    assert inspect_checkpoint(src / "global_step1", hf)["layout"] == "deepspeed"
