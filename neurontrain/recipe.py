@@ -125,6 +125,10 @@ class TrainSpec(_Strict):
     eval_at_end: bool = True
     seed: int = 0
     recompile_guard: Literal["warn", "fail", "off"] = "warn"
+    # auto: the memory planner decides (make_plan resolves both to concrete values before anything reads them)
+    zero1: Literal["auto"] | bool = "auto"  # optimizer state sharded across the data-parallel workers
+    # none | full (every layer) | every_N (every N-th layer) | auto
+    activation_checkpointing: str = Field("auto", pattern=r"^(auto|none|full|every_[1-9][0-9]*)$")
     optimizer: OptimizerSpec
     schedule: ScheduleSpec = ScheduleSpec()
 
@@ -146,6 +150,17 @@ class RuntimeSpec(_Strict):
     xla_flags: list[str] = []  # XLA flags (--xla_...): appended to XLA_FLAGS, checked against XLA first
     neuron_target: Literal["auto", "trn1", "trn2", "trn3"] = "auto"  # auto: the runtime's own (the host's)
     collective_timeout: float = Field(600.0, gt=0)  # seconds a worker waits in a collective or barrier
+    device_memory_gib: float | None = Field(None, gt=0)  # one core's memory for the planner (default: the target's)
+
+
+class ParallelSpec(_Strict):
+    tp: Literal["auto"] | int = "auto"  # tensor-parallel degree (Neuron, through neuronx-distributed)
+
+    @model_validator(mode="after")
+    def _positive(self) -> ParallelSpec:
+        if self.tp != "auto" and self.tp < 1:
+            raise ValueError(f"parallel.tp must be auto or a positive integer (got {self.tp})")
+        return self
 
 
 class Recipe(_Strict):
@@ -157,6 +172,7 @@ class Recipe(_Strict):
     train: TrainSpec
     checkpoint: CheckpointSpec = CheckpointSpec()
     runtime: RuntimeSpec = RuntimeSpec()
+    parallel: ParallelSpec = ParallelSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
@@ -174,8 +190,14 @@ class Recipe(_Strict):
             mode="json",
             exclude={
                 "checkpoint": True,
-                "train": {"max_steps", "log_every"},
-                "runtime": {"compile_cache", "preflight", "expected_devices", "collective_timeout"},
+                "train": {"max_steps", "log_every", "zero1", "activation_checkpointing"},
+                "runtime": {
+                    "compile_cache",
+                    "preflight",
+                    "expected_devices",
+                    "collective_timeout",
+                    "device_memory_gib",
+                },
             },
         )
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

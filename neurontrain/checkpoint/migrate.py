@@ -3,7 +3,7 @@
 Tensors are read one at a time and each output file is written before the next one is built, so peak
 memory stays near the largest output file. The destination is built in a temporary sibling directory and
 renamed into place when complete; an existing destination is refused unless overwrite is asked for.
-A vocabulary that TP does not divide is zero-padded on the way to Neuron (see rules.py) and the padding is
+A vocabulary that TP does not divide is zero-padded on the way to Neuron (see parallel/rules.py) and the padding is
 stripped on the way back; checkpoint_spec.json records both sizes.
 """
 
@@ -35,9 +35,9 @@ from neurontrain.checkpoint.nxd import (
     stage_names,
 )
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
-from neurontrain.checkpoint.rules import ShardingSpec, vocab_size_with_padding
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
+from neurontrain.parallel.rules import ShardingSpec, vocab_size_with_padding
 
 log = get_logger(__name__)
 __all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoint"]

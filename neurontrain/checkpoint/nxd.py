@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from neurontrain.checkpoint.formats import load_torch_file
-from neurontrain.checkpoint.rules import ShardingSpec, merge, neuron_name, rule_for, shard, split_fused, stage_of
 from neurontrain.errors import UsageError
+from neurontrain.parallel.rules import ShardingSpec, merge, neuron_name, rule_for, shard, split_fused, stage_of
 
 SPEC_FILE = "checkpoint_spec.json"
 _FILE = re.compile(r"dp_rank_(\d+)_tp_rank_(\d+)_pp_rank_(\d+)\.pt$")

@@ -9,9 +9,9 @@ import torch
 from checkpoint_models import HEAD_DIM, HEADS, HIDDEN, KV, LAYERS, VOCAB, bert, hf_tensors, llama, rank_file
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate, open_checkpoint
-from neurontrain.checkpoint.rules import ShardingSpec, kv_heads_of_rank, query_heads_of_rank
 from neurontrain.checkpoint.verify import compare, logits_diff
 from neurontrain.errors import UsageError
+from neurontrain.parallel.rules import ShardingSpec, kv_heads_of_rank, query_heads_of_rank
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from neurontrain.checkpoint.rules import ShardingSpec, merge, shard, vocab_size_with_padding
 from neurontrain.errors import UsageError
 from neurontrain.loop import checkpoints as ckpt
 from neurontrain.loop.optim import lr_factor
+from neurontrain.parallel.rules import ShardingSpec, merge, shard, vocab_size_with_padding
 
 
 def test_steps_to_prune_keeps_newest():
