@@ -30,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     output_dir = Path(args.output_dir or Path("runs") / recipe.name)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output-dir {output_dir} exists and is not a directory")
+    init_from = Path(args.init_from) if args.init_from else None
+    if init_from is not None and not init_from.exists():
+        raise UsageError(f"--init-from {init_from} does not exist")
     if in_worker():
-        train_as_worker(recipe, output_dir, preflight_check=not args.no_preflight)
+        train_as_worker(recipe, output_dir, preflight_check=not args.no_preflight, init_from=init_from)
         return 0
     topology = topology_from(args)
     launching = args.nproc_per_node is not None or topology.nnodes > 1 or topology.max_restarts > 0
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         workers = worker_argv(argparse.Namespace(**{**vars(args), "output_dir": str(output_dir)}))
         summary = train_workers(recipe, output_dir, topology, ["run", *workers])
     else:
-        summary = train_single(recipe, output_dir, preflight_check=not args.no_preflight)
+        summary = train_single(recipe, output_dir, preflight_check=not args.no_preflight, init_from=init_from)
     if summary is not None:
         print(json.dumps(summary.console()))
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from neurontrain.backend import Backend, backend_for, resolve_backend_name
+from neurontrain.checkpoint.initial import load_initial_weights
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -28,8 +29,11 @@ from neurontrain.recipe import Recipe
 log = get_logger(__name__)
 
 
-def train_single(recipe: Recipe, output_dir: Path, *, preflight_check: bool) -> RunSummary:
-    """Train in this process; returns the summary (also in output_dir/summary.json unless extracting)."""
+def train_single(
+    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None
+) -> RunSummary:
+    """Train in this process; returns the summary (also in output_dir/summary.json unless extracting).
+    init_from: a checkpoint to take the starting weights from."""
     backend = backend_for(recipe.runtime)
     cache = resolve_cache(recipe.runtime.compile_cache)
     location = attach_runtime(cache, recipe.runtime)
@@ -40,7 +44,8 @@ def train_single(recipe: Recipe, output_dir: Path, *, preflight_check: bool) -> 
     if recipe.runtime.preflight and preflight_check:
         preflight(backend, recipe, DataParallel())
     _announce(plan, backend.name, output_dir)
-    trainer = _trainer(plan, backend, output_dir, _manifest_ids(plan, backend.name, cache.local), DataParallel())
+    manifest = _manifest_ids(plan, backend.name, cache.local)
+    trainer = _trainer(plan, backend, output_dir, manifest, DataParallel(), init_from)
     summary = trainer.run()
     pushed = cache.push_after()
     changed = False
@@ -74,7 +79,7 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     return summary
 
 
-def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool) -> None:
+def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None) -> None:
     """One worker of a torchrun group (the launcher pulled the cache and prints the summary)."""
     dp = DataParallel.from_env()
     backend = backend_for(recipe.runtime)
@@ -88,7 +93,7 @@ def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool) 
         manifest = _manifest_ids(plan, backend.name, cache.local) if dp.is_master else None
         if dp.enabled:
             manifest = dp.all_gather_object(manifest)[0]
-        _trainer(plan, backend, output_dir, manifest, dp).run()
+        _trainer(plan, backend, output_dir, manifest, dp, init_from).run()
     finally:
         dp.close()
 
@@ -111,7 +116,14 @@ def _modules(location: CacheLocation | None) -> dict | None:
     return scan_modules(Path(location.root)) if location is not None and location.is_local else None
 
 
-def _trainer(plan: RunPlan, backend: Backend, output_dir: Path, manifest: set[str] | None, dp: DataParallel) -> Trainer:
+def _trainer(
+    plan: RunPlan,
+    backend: Backend,
+    output_dir: Path,
+    manifest: set[str] | None,
+    dp: DataParallel,
+    init_from: Path | None = None,
+) -> Trainer:
     return Trainer(
         plan,
         backend,
@@ -120,6 +132,7 @@ def _trainer(plan: RunPlan, backend: Backend, output_dir: Path, manifest: set[st
         dp=dp,
         graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
         extracting=extraction_mode(),
+        initialize=None if init_from is None else lambda model: load_initial_weights(model, init_from),
     )
 
 

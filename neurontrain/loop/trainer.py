@@ -54,11 +54,13 @@ class Trainer:
         dp: DataParallel | None = None,
         graph_identifier: GraphIdentifier | None = None,
         extracting: bool = False,
+        initialize: Callable[[torch.nn.Module], None] | None = None,
     ) -> None:
         """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is identified with
         graph_identifier (the pending graph's output tensors -> its id) and checked against them (a miss is an
         unexpected graph). dp: this worker's place among plan.world workers. extracting: the runtime only
-        extracts graphs and every value is fake, so nothing of this run may be kept or resumed."""
+        extracts graphs and every value is fake, so nothing of this run may be kept or resumed. initialize: sets
+        the starting weights of the model built on the host (`run --init-from`), unless the run resumes."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
         self.recipe = plan.recipe
         self.dp = dp or DataParallel()
@@ -67,7 +69,7 @@ class Trainer:
         if manifest_graphs is not None and graph_identifier is None:
             raise ValueError("checking graphs against manifest_graphs needs a graph_identifier")
         self.manifest_graphs, self.graph_identifier = manifest_graphs, graph_identifier
-        self.extracting = extracting
+        self.extracting, self.initialize = extracting, initialize
         self.writes = self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
         self.start_step = self.position = 0  # position: batches of the batch order consumed so far
@@ -97,6 +99,8 @@ class Trainer:
         self.model = build_model(recipe, self.plan.config)
         device = backend.device  # create the XLA device before any backward pass
         self._resume()
+        if self.initialize is not None and self._restored is None:
+            self.initialize(self.model)
         self.model.to(device)
         self.optimizer = build_optimizer(recipe, self.model)
         self.scheduler = build_scheduler(recipe, self.optimizer)
