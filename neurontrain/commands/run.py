@@ -13,8 +13,11 @@ from neurontrain.errors import UsageError
 from neurontrain.launch.elastic import in_worker
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
 from neurontrain.launch.topology import Topology
-from neurontrain.loop.planning import make_plan
+from neurontrain.logs import get_logger
+from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.recipe import load_recipe
+
+log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend), world=topology.world if launching else 1)
         print(json.dumps(plan.describe(), indent=2))
+        _show_memory(plan)
         return 0
     if launching:
         workers = worker_argv(argparse.Namespace(**{**vars(args), "output_dir": str(output_dir)}))
@@ -50,3 +54,16 @@ def run(args: argparse.Namespace) -> int:
     if summary is not None:
         print(json.dumps(summary.console()))
     return 0
+
+
+def _show_memory(plan: RunPlan) -> None:
+    """The per-core memory table, the choice and what it assumed, on stderr."""
+    memory = plan.memory
+    if memory is None:
+        return
+    log.info(memory.table())
+    log.info(memory.summary())
+    if not memory.fits:
+        log.info(f"nothing fits at {memory.work.world} worker(s): {memory.advice}")
+    for note in memory.notes:
+        log.info(note)

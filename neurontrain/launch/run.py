@@ -149,6 +149,8 @@ def _announce(plan: RunPlan, backend: str, output_dir: Path) -> None:
         f"{described['buckets']['used']} ({plan.bucket_mode}), {len(described['expected_graphs'])} planned graphs, "
         f"output {output_dir}"
     )
+    if plan.memory is not None:
+        log.info(plan.memory.summary())
 
 
 def _manifest_ids(plan: RunPlan, backend: str, cache_local: Path) -> set[str] | None:

@@ -16,8 +16,13 @@ from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, tr
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
+from neurontrain.logs import get_logger
+from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
 from neurontrain.loop.model import ModelDims, build_config, model_dims
+from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.recipe import Recipe
+
+log = get_logger(__name__)
 
 # Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step,
 # saturation tokens per step). XLA:CPU figures were fitted here to tiny-BERT step times at lengths 16..256
@@ -47,6 +52,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
     world: int = 1
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
+    memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
 
     def __post_init__(self) -> None:
         samples = len(self.data.train_ids)
@@ -149,6 +155,7 @@ class RunPlan:
             "expected_graphs": [list(k) for k in self.expected_graphs()],
             "padding_fraction": round(self.padding_fraction(), 4),
             "compile_cache": r.runtime.compile_cache,
+            "memory": self.memory.describe() if self.memory is not None else None,
             "notes": self.notes,
         }
 
@@ -277,8 +284,13 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         eval_batches = fixed_batches(
             data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets.lengths
         )
+    used = _used_lengths(batcher, recipe, world, len(data.train_lengths))
+    memory = plan_recipe_memory(recipe, config, backend, world, max(used))
+    if memory.enforced and not memory.fits:
+        log.info(memory.table())
+        memory.check()
     return RunPlan(
-        recipe=recipe,
+        recipe=with_memory_choice(recipe, memory),
         backend=backend,
         data=data,
         config=config,
@@ -287,11 +299,12 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         bucket_mode=buckets.mode,
         batcher=batcher,
         eval_batches=eval_batches,
-        train_lengths_used=_used_lengths(batcher, recipe, world, len(data.train_lengths)),
+        train_lengths_used=used,
         auto_estimate=buckets.estimate,
         notes=notes,
         world=world,
         host_reduce=world > 1 and reduces_on_host(backend),
+        memory=memory,
     )
 
 

@@ -1,0 +1,205 @@
+"""The cheapest configuration that fits one core: plain data parallel, then ZeRO-1, then activation
+checkpointing, then tensor parallel; the per-core table; and, when nothing fits, what would help.
+
+Order of the candidates (each pinned recipe value narrows it to that value):
+  1. DP: every worker holds everything
+  2. ZeRO-1 (only with more than one data-parallel worker)
+  3. ZeRO-1 (where it applies) with activation checkpointing every_4, every_2 (where the model has more
+     layers than N), then full: the fewest recomputed layers first
+  4. tensor parallel (only where neuronx-distributed is importable): each degree that divides the world and
+     passes the head rules of `checkpoint migrate`, smallest first, each through the same steps
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from neurontrain.errors import UsageError
+from neurontrain.parallel.memory import (
+    CATEGORIES,
+    GIB,
+    Config,
+    Estimate,
+    ModelShape,
+    Target,
+    Workload,
+    estimate,
+    sharding_spec,
+)
+
+AUTO_CHECKPOINTING = ("every_4", "every_2", "full")
+INSTANCES = {"trn1": "trn1.32xlarge", "trn2": "trn2.48xlarge"}  # 16 chips each
+CHIPS_PER_INSTANCE = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pins:
+    """The recipe's non-auto choices (None: the planner decides)."""
+
+    zero1: bool | None = None
+    checkpointing: str | None = None
+    tp: int | None = None
+
+
+def tp_degrees(model: ModelShape, world: int) -> list[int]:
+    """Tensor-parallel degrees above 1 that divide `world` and pass the sharding rules."""
+    return [t for t in range(2, world + 1) if world % t == 0 and sharding_spec(model, t) is not None]
+
+
+def candidates(model: ModelShape, world: int, pins: Pins, tp_available: bool) -> list[Config]:
+    """Configurations in the order they are tried (see the module docstring)."""
+    if pins.tp is not None:
+        tps = [pins.tp]
+    else:
+        tps = [1] + (tp_degrees(model, world) if tp_available else [])
+    levels = [ac for ac in AUTO_CHECKPOINTING if ac == "full" or int(ac.removeprefix("every_")) < model.layers]
+    out: list[Config] = []
+    for tp in tps:
+        sharded = pins.zero1 if pins.zero1 is not None else world // tp > 1
+        stages = [(False, "none")] if pins.zero1 is not True else []
+        stages += [(sharded, "none")] + [(sharded, ac) for ac in levels]
+        for zero1, checkpointing in stages:
+            config = Config(zero1=zero1, checkpointing=pins.checkpointing or checkpointing, tp=tp)
+            if config not in out:
+                out.append(config)
+    return out
+
+
+@dataclass(kw_only=True)
+class MemoryPlan:
+    target: Target
+    work: Workload
+    tried: list[Estimate]  # in order, up to the first that fits (all of them when none does)
+    choice: Estimate  # the first that fits, else the last tried (the least memory)
+    enforced: bool  # nothing fitting refuses the run (Neuron, or runtime.device_memory_gib given)
+    advice: str = ""  # what would help, when nothing fits
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.choice.fits
+
+    def check(self) -> None:
+        """UsageError when the run must fit and nothing does."""
+        if self.enforced and not self.fits:
+            raise UsageError(self.refusal())
+
+    def refusal(self) -> str:
+        core = f"a {gib(self.target.core_bytes)} GiB {self.target.name} core"
+        return f"no configuration fits {core} at {self.work.world} worker(s): {self.advice}"
+
+    def summary(self) -> str:
+        """One line: the chosen configuration and its share of the core."""
+        state = "fits" if self.fits else "does NOT fit"
+        line = (
+            f"memory: {self.choice.config.label()} {state} ({gib(self.choice.total)} of "
+            f"{gib(self.target.core_bytes)} GiB a {self.target.name} core)"
+        )
+        first = self.tried[0]
+        if first is not self.choice:
+            line += f"; {first.config.label()} does not fit ({gib(first.total)} GiB)"
+        return line
+
+    def describe(self) -> dict:
+        return {
+            "target": self.target.name,
+            "core_gib": round(self.target.core_bytes / GIB, 2),
+            "core_source": self.target.source,
+            "micro_batch": [self.work.batch, self.work.length],
+            "precision": self.work.precision,
+            "enforced": self.enforced,
+            "candidates": [
+                {
+                    "config": _config_dict(e.config),
+                    "gib": {k: round(v / GIB, 3) for k, v in e.bytes.items()},
+                    "total_gib": round(e.total / GIB, 3),
+                    "fits": e.fits,
+                }
+                for e in self.tried
+            ],
+            "choice": _config_dict(self.choice.config),
+            "fits": self.fits,
+            "advice": self.advice or None,
+            "notes": self.notes,
+        }
+
+    def table(self) -> str:
+        """The per-core table, one column per configuration tried (GiB)."""
+        labels = [_short(e.config) for e in self.tried]
+        width = max(8, *(len(label) + 2 for label in labels))
+        head = (
+            f"memory per core: {self.target.name}, {gib(self.target.core_bytes)} GiB ({self.target.source}); "
+            f"micro-batch {self.work.batch} x {self.work.length}, {self.work.precision}, {self.work.world} worker(s)"
+        )
+        rows = [head, "GiB".ljust(12) + "".join(label.rjust(width) for label in labels)]
+        for category in CATEGORIES:
+            rows.append(category.ljust(12) + "".join(gib(e.bytes[category]).rjust(width) for e in self.tried))
+        rows.append("total".ljust(12) + "".join(gib(e.total).rjust(width) for e in self.tried))
+        rows.append("fits".ljust(12) + "".join(("yes" if e.fits else "no").rjust(width) for e in self.tried))
+        return "\n".join(rows)
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _config_dict(config: Config) -> dict:
+    return {"zero1": config.zero1, "activation_checkpointing": config.checkpointing, "tp": config.tp}
+
+
+def _short(config: Config) -> str:
+    parts = ["ZeRO-1" if config.zero1 else "DP"]
+    if config.checkpointing != "none":
+        parts.append(config.checkpointing)
+    if config.tp > 1:
+        parts.append(f"TP{config.tp}")
+    return "+".join(parts)
+
+
+def plan_memory(
+    model: ModelShape, work: Workload, target: Target, pins: Pins, *, tp_available: bool, enforced: bool
+) -> MemoryPlan:
+    """Try the candidates in order; the first that fits is the choice."""
+    tried = []
+    for config in candidates(model, work.world, pins, tp_available):
+        tried.append(estimate(model, work, config, target))
+        if tried[-1].fits:
+            return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced)
+    advice = what_would_help(model, work, target, pins, tried[-1])
+    return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced, advice=advice)
+
+
+def _first_fit(model: ModelShape, work: Workload, target: Target, configs: list[Config]) -> Config | None:
+    return next((c for c in configs if estimate(model, work, c, target).fits), None)
+
+
+def what_would_help(model: ModelShape, work: Workload, target: Target, pins: Pins, least: Estimate) -> str:
+    """One sentence: the least memory tried, then the smallest world at which ZeRO-1 fits, the smallest
+    tensor-parallel degree that fits, and a smaller micro-batch."""
+    helps = []
+    checkpointing = [pins.checkpointing] if pins.checkpointing else ["none", *AUTO_CHECKPOINTING]
+    if pins.zero1 is not False and pins.tp in (None, 1):
+        for world in (2**k for k in range(1, 11)):
+            configs = [Config(zero1=True, checkpointing=ac) for ac in checkpointing]
+            if world > work.world and _first_fit(model, replace(work, world=world), target, configs):
+                helps.append(f"ZeRO-1 fits from {world} workers{_instance_hint(target, world)}")
+                break
+    if pins.tp is None:
+        for tp in (2**k for k in range(1, 6)):
+            world = max(work.world, tp) // tp * tp
+            configs = [Config(zero1=world > tp, checkpointing=ac, tp=tp) for ac in checkpointing]
+            if sharding_spec(model, tp) and _first_fit(model, replace(work, world=world), target, configs):
+                helps.append(f"parallel.tp {tp} with neuronx-distributed ({world} workers)")
+                break
+    helps.append("a smaller data.batch_size or data.max_length / largest bucket")
+    return f"the least memory tried ({least.config.label()}) needs {gib(least.total)} GiB; " + ", or ".join(helps)
+
+
+def _instance_hint(target: Target, world: int) -> str:
+    instance = INSTANCES.get(target.name)
+    if instance is None:
+        return ""
+    cores = CHIPS_PER_INSTANCE * (2 if target.name == "trn1" else 8 // target.physical_cores)
+    if world > cores:
+        return f" ({-(-world // cores)} {instance} nodes)"
+    return f" (e.g. --nproc-per-node {cores} on a {instance})"
