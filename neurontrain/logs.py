@@ -44,7 +44,7 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stderr)
+        self.stream = sys.stderr  # not setStream: it flushes the previous stream, which may be closed by now
         super().emit(record)
 
 

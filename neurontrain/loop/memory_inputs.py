@@ -58,13 +58,14 @@ def _lnc() -> int | None:
 
 def plan_recipe_memory(recipe: Recipe, config: Any, backend: str, world: int, longest: int) -> MemoryPlan:
     """The memory plan for `world` workers whose longest micro-batch is data.batch_size x `longest` tokens.
-    Enforced (nothing fitting refuses the run) on Neuron and wherever runtime.device_memory_gib is given."""
+    Enforced (nothing fitting refuses the run) on Neuron with a known target (runtime.neuron_target or
+    NEURON_PLATFORM_TARGET_OVERRIDE) and wherever runtime.device_memory_gib is given."""
     runtime = recipe.runtime
     neuron_target = runtime.neuron_target
     if neuron_target == "auto" and os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") in ("trn1", "trn2", "trn3"):
         neuron_target = os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"]
     target, notes = resolve_target(neuron_target, runtime.device_memory_gib, backend, _lnc())
-    enforced = backend == "neuron" or runtime.device_memory_gib is not None
+    enforced = runtime.device_memory_gib is not None or (backend == "neuron" and neuron_target != "auto")
     train, tp = recipe.train, recipe.parallel.tp
     pins = Pins(
         zero1=None if train.zero1 == "auto" else train.zero1,

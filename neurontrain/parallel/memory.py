@@ -129,16 +129,12 @@ def resolve_target(
     notes = []
     name = neuron_target
     if name == "auto":
-        if backend == "neuron" and device_memory_gib is None:
-            raise UsageError(
-                "runtime.neuron_target is auto: the memory planner needs the Neuron target before the runtime "
-                "starts; set runtime.neuron_target (trn1, trn2 or trn3) or runtime.device_memory_gib"
-            )
         name = "trn1"
         if device_memory_gib is None:
+            why = "the host's target is known only once the runtime runs" if backend == "neuron" else backend
             notes.append(
-                f"memory planned for trn1 (runtime.neuron_target auto on {backend}); set runtime.neuron_target or "
-                "runtime.device_memory_gib to plan for another core"
+                f"memory planned for trn1 (runtime.neuron_target auto: {why}), and not enforced; set "
+                "runtime.neuron_target or runtime.device_memory_gib to plan for, and hold the run to, another core"
             )
     chip_gib, cores, default_lnc = CHIPS[name]
     group = 1 if name == "trn1" else (lnc or default_lnc)
