@@ -37,7 +37,7 @@ from neurontrain.checkpoint.nxd import (
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.parallel.rules import ShardingSpec, vocab_size_with_padding
+from neurontrain.parallel.rules import ShardingSpec, spec_from_config
 
 log = get_logger(__name__)
 __all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoint"]
@@ -72,50 +72,6 @@ class MigrateOptions:
             raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
         if self.pad_vocab_multiple is not None and self.to != "neuron":
             raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
-
-
-def spec_from_config(
-    config: dict | None,
-    names: list[str],
-    tp: int,
-    pp: int,
-    fuse_qkv: bool,
-    dtype: str | None,
-    pad_vocab_multiple: int | None = None,
-) -> ShardingSpec:
-    if config is None:
-        raise UsageError(
-            "no model config.json found beside the checkpoint: pass --config with the Hugging Face "
-            "config (a directory or a config.json)"
-        )
-    family = config.get("model_type", "")
-    heads = config.get("num_attention_heads")
-    if not heads or "hidden_size" not in config:
-        raise UsageError("the model config lacks num_attention_heads or hidden_size")
-    kv = config.get("num_key_value_heads") or heads
-    layers = config.get("num_hidden_layers", 0)
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    tied = bool(config.get("tie_word_embeddings", family != "bert")) and not any(
-        n.endswith("lm_head.weight") for n in names
-    )
-    vocab = config.get("vocab_size") or 0
-    spec = ShardingSpec(
-        family=family,
-        tp=tp,
-        pp=pp,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        fuse_qkv=fuse_qkv,
-        tied_embeddings=tied,
-        dtype=dtype,
-        names=list(names),
-        padded_vocab_size=vocab_size_with_padding(vocab, tp, pad_vocab_multiple),
-    )
-    spec.validate()
-    return spec
 
 
 @contextmanager

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
+from neurontrain.backend import resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
+from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.recipe import Recipe
 
 
@@ -165,7 +169,8 @@ def model_dims(recipe: Recipe, config: Any) -> ModelDims:
 
 
 def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
-    """On CPU, seeded by train.seed so every backend starts from the same weights."""
+    """On CPU, seeded by train.seed so every backend starts from the same weights; its layers checkpointed as
+    train.activation_checkpointing says (so `run` and `precompile` trace the same graphs)."""
     spec = recipe.model
     torch.manual_seed(recipe.train.seed)
     cls = _auto_class(recipe)
@@ -177,7 +182,37 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     except Exception as exc:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
     model.train()
+    enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
+
+
+def _checkpoint_function(backend: str) -> Callable:
+    """torch-xla's checkpoint on the XLA backends (it puts an optimization barrier before the recompute, so
+    XLA cannot merge the recompute back into the forward pass; torch's own fails on XLA, and torch-xla's
+    supports only the reentrant form); torch's non-reentrant checkpoint on eager."""
+    if resolve_backend_name(backend) == "eager":
+        return functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    from torch_xla.utils.checkpoint import checkpoint  # lazy: importing torch_xla starts a runtime
+
+    return functools.partial(checkpoint, use_reentrant=True)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, setting: str, backend: str) -> None:
+    """Recompute the activations of every N-th transformer layer in the backward pass, through Hugging Face's
+    own hook (`_set_gradient_checkpointing`: the layers' GradientCheckpointingLayer flag and the function it
+    calls; its public `activation_checkpointing_enable` only takes torch's checkpoint). The RNG state is saved
+    and restored around the recompute, so dropout draws the same masks and losses equal a run without it."""
+    interval = checkpoint_interval(setting)
+    if interval is None:
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UsageError(
+            f"train.activation_checkpointing: {setting}: {type(model).__name__} does not support activation "
+            "checkpointing (set it to none)"
+        )
+    model._set_gradient_checkpointing(
+        enable=True, gradient_checkpointing_func=_checkpoint_function(backend), every_n_layers=interval
+    )
 
 
 def model_inputs(batch: dict, dims: ModelDims, dtype: torch.dtype) -> dict:
