@@ -131,9 +131,9 @@ def test_two_worker_checkpoint_resumes_on_one_worker(runs, tmp_path):
     assert summary["resumed_from_step"] == 8 and summary["world_size"] == 1
     one, two = _losses(out), _losses(runs["zero1"])
     assert sorted(one) == list(range(9, STEPS + 1))
-    assert abs(one[9] - two[9]) < 1e-6 * two[9]  # the consolidated weights on the same batch
-    # Later steps also differ by the accumulation weighting: a worker's gradient is the mean of its own
-    # micro-batch means, so one worker of 16 rows and two of 8 weigh tokens slightly differently (as in DP).
+    # Not bit-equal even at step 9 (the same weights, the same rows): under accumulation a worker's loss and
+    # gradient are the mean of its own micro-batch means, so one worker of 16 rows and two of 8 weigh tokens
+    # slightly differently (as in data parallelism). The conversion itself is exact (tests/unit).
     worst = max(abs(one[s] - two[s]) / abs(two[s]) for s in one)
     print(f"resumed on one worker vs two: worst relative loss difference {worst:.2e}")
     assert worst < 1e-3
