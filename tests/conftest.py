@@ -43,6 +43,55 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def torchrun_worker_pid(output_dir: Path, rank: int) -> int | None:
+    """The pid of the torchrun worker of `rank` whose command line names output_dir, or None."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            str(output_dir).encode() in cmdline
+            and f"RANK={rank}".encode() in environ
+            and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ)
+        ):
+            return int(proc.name)
+    return None
+
+
+def run_killing_a_worker(args: list[str], output_dir: Path, checkpoint_step: int, rank: int = 1) -> tuple[int, str]:
+    """`neurontrain ARGS` (a torchrun group writing to output_dir); once its checkpoint of checkpoint_step is
+    complete, SIGKILL worker `rank`. Returns (exit code, stderr)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neurontrain", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    marker = output_dir / "checkpoints" / f"step_{checkpoint_step:08d}" / "COMPLETE"
+    try:
+        deadline = time.time() + 300
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, "the run ended before the checkpoint"
+            time.sleep(0.05)
+        pid = torchrun_worker_pid(output_dir, rank)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, stderr
+
+
 @pytest.fixture
 def recipes() -> Path:
     return RECIPES

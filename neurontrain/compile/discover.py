@@ -22,13 +22,17 @@ from neurontrain.data.batching import IndexBatch
 from neurontrain.data.collate import Collator
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
+from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.model import build_model
 from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
+from neurontrain.loop.zero1 import Strategy, build_strategy
 
 
 def run_plan_id(plan: RunPlan, backend: str) -> str:
     workers = f"/world{plan.world}" if plan.world > 1 else ""  # the batch plan and step split depend on it
+    if plan.world > 1 and plan.recipe.train.zero1 is True:
+        workers += "/zero1"  # the optimizer graph steps chunks (train.zero1 is not part of the fingerprint)
     return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 
@@ -48,6 +52,7 @@ class _Tracer:
         cpu_optimizer = build_optimizer(self.recipe, self.cpu_model)
         materialize_optimizer_state(cpu_optimizer)
         self.cpu_optimizer_state = cpu_optimizer.state_dict()
+        self.cpu_scheduler_state = build_scheduler(self.recipe, cpu_optimizer).state_dict()
         self.cpu_model.zero_grad(set_to_none=True)
         data, spec = plan.data, self.recipe.data
         # worker 0's rows of each global batch: every worker's batch has the same shape
@@ -64,16 +69,16 @@ class _Tracer:
             plan.world,
         )
 
-    def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
-        """Model and optimizer on the device. set_up: state as after the loop's set-up sync (device data)."""
+    def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, Strategy]:
+        """Model and optimizer (worker 0's, as the loop builds it) on the device. set_up: state as after the
+        loop's set-up sync (device data)."""
         model = copy.deepcopy(self.cpu_model).to(self.device)
-        optimizer = build_optimizer(self.recipe, model)
-        scheduler = build_scheduler(self.recipe, optimizer)
+        strategy = build_strategy(self.plan, model, self.backend, DataParallel(0, self.plan.world))
         if set_up:
-            optimizer.load_state_dict(self.cpu_optimizer_state)
+            strategy.load(self.cpu_optimizer_state, self.cpu_scheduler_state, None)
             for param in model.parameters():
                 param.grad = torch.zeros(param.shape, dtype=param.dtype).to(self.device)
-        return model, optimizer, scheduler
+        return model, strategy
 
     def _batch(self, collate: Collator, planned: IndexBatch) -> tuple[dict, dict]:
         batch = collate(planned)
@@ -85,11 +90,10 @@ class _Tracer:
     def trace(self, key: tuple) -> tuple[list[torch.Tensor], dict]:
         kind = key[0]
         if kind == "setup":
-            model, optimizer, _ = self._fresh(set_up=False)
-            materialize_optimizer_state(optimizer)
-            return steps.state_tensors(model, optimizer), {}
-        model, optimizer, scheduler = self._fresh(set_up=True)
-        params = [p for p in model.parameters() if p.requires_grad]
+            model, strategy = self._fresh(set_up=False)
+            strategy.materialize()
+            return strategy.state_tensors(model), {}
+        model, strategy = self._fresh(set_up=True)
         if kind == "eval":
             planned = next(b for b in self.plan.eval_batches if b.length == key[1])
             batch, shapes = self._batch(self.eval_collate, planned)
@@ -97,13 +101,13 @@ class _Tracer:
             with torch.no_grad():
                 return [steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)], shapes
         if kind == "optimizer":
-            steps.optimizer_step(params, optimizer, scheduler, self.recipe)
-            return steps.state_tensors(model, optimizer), {}
+            strategy.device_step()
+            return strategy.state_tensors(model), {}
         batch, shapes = self._batch(self.collate, _first_train_batch(self.plan, key[1]))
         loss = steps.micro_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
         if kind == "train":
-            steps.optimizer_step(params, optimizer, scheduler, self.recipe)
-        return steps.state_tensors(model, optimizer) + [loss], shapes
+            strategy.device_step()
+        return strategy.state_tensors(model) + [loss], shapes
 
 
 def discover(

@@ -3,7 +3,9 @@
 Layout: <root>/step_00000020/{state.pt, meta.json, COMPLETE}. A checkpoint is written into
 <root>/.step_00000020.partial/ and renamed into place only after every file is on disk and the marker is
 written, so a kill at any moment leaves either the old set of checkpoints or the new one. What state.pt and
-meta.json hold is the trainer's to say (`Trainer.state_dict`, `Trainer.load_state_dict`).
+meta.json hold is the trainer's to say (`Trainer.state_dict`, `Trainer.load_state_dict`). A ZeRO-1 run adds one
+optimizer file per data-parallel rank, `optim.dp_rank_XX.tp_rank_00` (NxD's name for the same dict), each
+written by its own rank before worker 0 writes the marker.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from neurontrain.errors import UsageError
+from neurontrain.recipe import Recipe
 
 MARKER = "COMPLETE"
 STATE_FILE = "state.pt"
@@ -81,15 +86,24 @@ def save_checkpoint(
     save_fn: Callable[[Any, str], None],
     is_master: bool = True,
     all_ranks_save: bool = True,
+    rank_file: tuple[int, dict] | None = None,
+    barrier: Callable[[], None] = lambda: None,
 ) -> Path | None:
     """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically.
-    all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers)."""
+    all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers). rank_file:
+    (rank, CPU state) this rank writes as its own file; every rank passes one, and `barrier` waits for all."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     partial = root / f".{checkpoint_name(step)}.partial"
     if is_master:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
+    if rank_file is not None:
+        barrier()  # the directory exists
+        path = partial / rank_file_name(rank_file[0])
+        torch.save(rank_file[1], path)
+        _fsync_path(path)
+        barrier()  # every rank's file is on disk before the marker
     if not is_master and not all_ranks_save:
         return None
     save_fn(state, str(partial / STATE_FILE))  # collective on XLA: every rank calls it
@@ -112,8 +126,49 @@ def save_checkpoint(
     return final
 
 
+def rank_file_name(rank: int) -> str:
+    return f"optim.dp_rank_{rank:02d}.tp_rank_00"
+
+
+def load_rank_files(path: Path, ranks: list[int]) -> list[dict]:
+    """The per-rank optimizer files of `ranks` in a checkpoint directory, tensors on the CPU."""
+    out = []
+    for rank in ranks:
+        file = path / rank_file_name(rank)
+        if not file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} lacks {file.name} (a ZeRO-1 checkpoint has one per rank)")
+        out.append(torch.load(file, map_location="cpu", weights_only=False))
+    return out
+
+
 def load_checkpoint(path: Path) -> tuple[dict, dict]:
     """(state, meta) of a complete checkpoint directory, tensors on the CPU."""
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     meta = json.loads((path / META_FILE).read_text())
     return state, meta
+
+
+def global_fingerprint(recipe: Recipe, world: int) -> str:
+    """The recipe's fingerprint with per-worker batch sizes made global: equal for two runs that compute the
+    same global batches, whatever their number of workers (a checkpoint resumes across world sizes then)."""
+    data = recipe.data
+    rows = {"batch_size": data.batch_size * world, "eval_batch_size": (data.eval_batch_size or data.batch_size) * world}
+    train = recipe.train.model_copy(update={"global_batch_size": None})
+    return recipe.model_copy(update={"data": data.model_copy(update=rows), "train": train}).fingerprint()
+
+
+def check_resumable(path: Path, meta: dict, recipe: Recipe, world: int) -> None:
+    """UsageError unless the checkpoint at `path` continues this run: the same recipe and number of workers, or
+    the same global batches (its data position counts global batches)."""
+    same_global_batches = meta.get("global_fingerprint") == global_fingerprint(recipe, world)
+    if meta.get("fingerprint") != recipe.fingerprint() and not same_global_batches:
+        raise UsageError(
+            f"checkpoint {path} was written by a different recipe; use another --output-dir "
+            "or set checkpoint.resume=false"
+        )
+    if meta.get("world_size", 1) != world and not same_global_batches:
+        raise UsageError(
+            f"checkpoint {path} was written by {meta.get('world_size', 1)} workers, this run has {world} (its data "
+            "position counts global batches of that size); use another --output-dir, the same number of workers, "
+            "or the same global batch (data.batch_size x workers)"
+        )

@@ -12,7 +12,9 @@ run) before that weighting.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -111,10 +113,8 @@ class DataParallel:
         if not self.enabled:
             return None
         if host:
-            local = backend.to_host(micro_losses) if micro_losses else []
-            mean = sum(float(x) for x in local) / len(local) if local else 0.0
-            stats = self.reduce_on_host(params, backend, torch.tensor([mean * items, items], dtype=torch.float64))
-            return float(stats[0] / max(float(stats[1]), 1.0))
+            stats = self.reduce_on_host(params, backend, loss_stats(micro_losses, items, backend))
+            return global_loss(stats)
         import torch_xla.core.xla_model as xm  # lazy: importing torch_xla starts a runtime
 
         device = backend.device
@@ -143,6 +143,32 @@ class DataParallel:
             param.grad = grad
         return stats
 
+    def reduce_scatter_on_host(
+        self, grads: list[torch.Tensor], chunk: Callable[[torch.Tensor, int], torch.Tensor], stats: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """ZeRO-1: the weighted mean of the gradients as `reduce_on_host` makes it, of which this worker receives
+        only its chunks (`chunk(grad, rank)`, fp32), through a reduce-scatter. `grads` are host copies; stats as
+        for reduce_on_host, summed in the same round."""
+        items = float(stats[1])
+        by_rank = [[chunk(g, r).to(torch.float32) for g in grads] for r in range(self.world)]
+        shapes = [c.shape for c in by_rank[0]]  # every rank's chunks have the same shapes
+        send = torch.cat([c.reshape(-1) for chunks in by_rank for c in chunks])
+        if items > 0:
+            send.mul_(items)
+        else:
+            send.zero_()  # a worker without labels this step (partial last batch): no weight, no NaN
+        received = torch.empty(send.numel() // self.world, dtype=torch.float32)
+        dist.reduce_scatter_tensor(received, send, group=self._group)
+        self.all_reduce_host(stats)
+        received.div_(max(float(stats[1]), 1.0))
+        return [c.view(shape) for c, shape in zip(received.split([math.prod(x) for x in shapes]), shapes)]
+
+    def all_gather_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every worker's 1-D `tensor` (all the same length), in rank order: a (world, len) tensor."""
+        out = torch.empty(self.world * tensor.numel(), dtype=tensor.dtype)
+        dist.all_gather_into_tensor(out, tensor.contiguous(), group=self._group)
+        return out.view(self.world, -1)
+
     def reduce_in_graph(self, params: list[torch.Tensor], items: torch.Tensor) -> torch.Tensor:
         """Neuron / XLA:CUDA: the same weighted mean, as all-reduces inside the step's graph (xm.all_reduce,
         what xm.optimizer_step does, plus the weights). `items` is this worker's loss-item count on the device;
@@ -157,3 +183,16 @@ class DataParallel:
         for g, s in zip(grads, scaled):
             g.copy_(s / total.clamp(min=1.0))
         return total
+
+
+def loss_stats(micro_losses: list[torch.Tensor], items: int, backend: Backend) -> torch.Tensor:
+    """[loss x items, items] (float64) of this worker's step, its loss the mean of its micro-batch losses (read
+    after the micro-step sync)."""
+    local = backend.to_host(micro_losses) if micro_losses else []
+    mean = sum(float(x) for x in local) / len(local) if local else 0.0
+    return torch.tensor([mean * items, items], dtype=torch.float64)
+
+
+def global_loss(stats: torch.Tensor) -> float:
+    """The step's loss over all workers from summed loss stats."""
+    return float(stats[0] / max(float(stats[1]), 1.0))

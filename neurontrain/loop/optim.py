@@ -1,21 +1,35 @@
-"""AdamW and its learning-rate schedule from a recipe, and AdamW's state created before the first step."""
+"""AdamW and its learning-rate schedule from a recipe, AdamW's state created before the first step, and the
+replicated optimizer (every worker keeps all of AdamW's state; `zero1.py` has the sharded one)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
+from neurontrain.backend import Backend
+from neurontrain.loop import steps
+from neurontrain.loop.checkpoints import load_rank_files
+from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.parallel.zero1_state import consolidate, state_bytes
 from neurontrain.recipe import Recipe
+
+ZERO1_WORLD = "zero1_world"  # a ZeRO-1 checkpoint's optimizer entry: {ZERO1_WORLD: ranks}, state in rank files
 
 
 def build_optimizer(recipe: Recipe, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only (biases and norms: none)."""
+    """AdamW over the model's trainable parameters, with weight decay on matrices only (biases and norms: none)."""
+    return build_adamw(recipe, [p for p in model.parameters() if p.requires_grad])
+
+
+def build_adamw(recipe: Recipe, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """AdamW over `tensors` (parameters, or ZeRO-1 chunks of them: a chunk keeps its parameter's number of
+    dimensions, so it lands in the same group at the same index)."""
     spec = recipe.train.optimizer
     decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+    for param in tensors:
+        (decay if param.ndim >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=spec.eps)
 
@@ -40,15 +54,16 @@ def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer) -> torch.o
     )
 
 
-def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW state and gradient buffers before step 1, as AdamW itself would on its first step.
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer, *, grads: bool = True) -> None:
+    """Create AdamW state and (with `grads`) gradient buffers before step 1, as AdamW itself would on its first
+    step.
 
     AdamW creates its state lazily; on XLA that makes the first step a graph of its own. Creating it here
     (then one sync) lets the first step share its bucket's graph with every later step.
     """
     for group in optimizer.param_groups:
         for param in group["params"]:
-            if param.grad is None:
+            if grads and param.grad is None:
                 param.grad = torch.zeros_like(param)
             state = optimizer.state[param]
             if not state:
@@ -57,3 +72,58 @@ def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 if group.get("amsgrad"):
                     state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
+class Replicated:
+    """Every worker keeps the whole AdamW state (one worker, or data parallelism): gradients averaged over the
+    workers (`DataParallel.reduce_step`), clipped and stepped on every worker alike."""
+
+    def __init__(self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel, host: bool) -> None:
+        self.recipe, self.backend, self.dp, self.host = recipe, backend, dp, host
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(recipe, model)
+        self.scheduler = build_scheduler(recipe, self.optimizer)
+
+    def materialize(self) -> None:
+        materialize_optimizer_state(self.optimizer)
+
+    def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        return steps.state_tensors(model, self.optimizer)
+
+    def step(self, micro_losses: list[torch.Tensor], items: int) -> tuple[float | torch.Tensor | None, float]:
+        """Reduce, clip, step, schedule: (global loss as `DataParallel.reduce_step` gives it, learning rate)."""
+        loss = self.dp.reduce_step(self.params, micro_losses, items, self.backend, host=self.host)
+        return loss, steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe)
+
+    def device_step(self) -> None:
+        """The step's graph part with the gradients as they are, no collective: what discovery traces."""
+        steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe)
+
+    def after_sync(self) -> None:
+        """Nothing: the step's graph updated the parameters."""
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def rank_state(self) -> tuple[int, dict] | None:
+        return None
+
+    def parameter_digest(self) -> str | None:
+        return None
+
+    def load(self, saved: dict, scheduler: dict, checkpoint: Path | None) -> None:
+        """Resume from a checkpoint's optimizer entry: a plain AdamW state dict, or a ZeRO-1 checkpoint's
+        per-rank files consolidated."""
+        world = saved.get(ZERO1_WORLD)
+        plain = consolidate(load_rank_files(checkpoint, list(range(world))))[0] if world else saved
+        self.optimizer.load_state_dict(plain)
+        self.scheduler.load_state_dict(scheduler)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of optimizer state on this worker, from the live tensors."""
+        return {"optimizer_state": state_bytes(moment_tensors(self.optimizer)), "master_weights": 0}
+
+
+def moment_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The per-parameter state tensors (AdamW's moments; its scalar step counts not included)."""
+    return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]

@@ -42,19 +42,36 @@ def optimizer_step(
     return lr
 
 
+def sharded_optimizer_step(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any) -> float:
+    """ZeRO-1 on the host path: AdamW over this worker's chunks (their gradients set, reduced and clipped, as
+    device data), the schedule, and the full gradients zeroed for the next step's micro-steps. Returns the
+    learning rate the step used."""
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)  # the chunks' gradients come in as new device data each step
+    for param in params:
+        param.grad.zero_()
+    return lr
+
+
 def eval_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelDims, autocast: Any) -> torch.Tensor:
     """(loss sum, counted, correct) of one evaluation batch."""
     return eval_statistics(forward(model, batch, dims, autocast, recipe.train.precision), batch["labels"], recipe.task)
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """Every tensor a step may update: parameters, gradients and optimizer state."""
+    """Every tensor a step may update: parameters, gradients, the tensors the optimizer steps when they are not
+    the model's own (ZeRO-1's chunks) and optimizer state."""
     out: list[torch.Tensor] = []
+    own = set()
     for param in model.parameters():
+        own.add(id(param))
         out.append(param)
         if param.grad is not None:
             out.append(param.grad)
     if optimizer is not None:
+        out += [p for group in optimizer.param_groups for p in group["params"] if id(p) not in own]
         for state in optimizer.state.values():
             out += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return out

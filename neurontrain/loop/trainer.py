@@ -18,15 +18,14 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.data.collate import Collator
-from neurontrain.errors import UsageError
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model
-from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.summary import RunSummary
+from neurontrain.loop.zero1 import build_strategy
 
 GraphIdentifier = Callable[[list[torch.Tensor]], str]
 
@@ -39,6 +38,7 @@ class _Restored:
     scheduler: dict
     torch_rng: torch.Tensor
     backend_rng: Any
+    checkpoint: Path | None = None  # the directory (a ZeRO-1 checkpoint's per-rank optimizer files are there)
 
 
 class Trainer:
@@ -102,11 +102,10 @@ class Trainer:
         if self.initialize is not None and self._restored is None:
             self.initialize(self.model)
         self.model.to(device)
-        self.optimizer = build_optimizer(recipe, self.model)
-        self.scheduler = build_scheduler(recipe, self.optimizer)
+        self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
         if self._restored is not None:
-            self.optimizer.load_state_dict(self._restored.optimizer)
-            self.scheduler.load_state_dict(self._restored.scheduler)
+            restored = self._restored
+            self.strategy.load(restored.optimizer, restored.scheduler, restored.checkpoint)
         self._compiles_at_start = backend.compile_count()
         self._compile_seconds_at_start = backend.compile_seconds()
         self.guard = RecompilationGuard(
@@ -116,7 +115,7 @@ class Trainer:
             backend.execute_count,
             known_graphs=self.manifest_graphs,
         )
-        materialize_optimizer_state(self.optimizer)
+        self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
         # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
         # seed as it was after the step's own sync.
@@ -130,7 +129,6 @@ class Trainer:
             global_counts=self.dp.sum_counts,
         )
         self.batches = self._train_batches()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def train_step(self, step: int) -> None:
         """One optimizer step: forward and backward of train.grad_accum micro-batches, gradients averaged over
@@ -151,13 +149,13 @@ class Trainer:
             if plan.split_step:
                 shapes = {"input_ids": list(batch["input_ids"].shape)}
                 self._sync(("train-micro", length), step, lambda: self._state_tensors() + micro_losses[-1:], shapes)
-        global_loss = self.dp.reduce_step(self.params, micro_losses, items, self.backend, host=self.plan.host_reduce)
-        lr = steps.optimizer_step(self.params, self.optimizer, self.scheduler, recipe)
+        global_loss, lr = self.strategy.step(micro_losses, items)
         self.position += recipe.train.grad_accum
         self._log_loss(step, lr, global_loss, micro_losses)
         key = ("optimizer",) if plan.split_step else ("train", length)
         shapes = {"input_ids": [recipe.data.batch_size, length]}
         self._sync(key, step, lambda: self._state_tensors() + micro_losses, shapes)
+        self.strategy.after_sync()
         self.log.advance()
 
     def maybe_eval(self, step: int) -> None:
@@ -178,6 +176,9 @@ class Trainer:
             return
         state = self.state_dict()
         meta = self._checkpoint_meta(step)
+        digest = self.strategy.parameter_digest()
+        if digest is not None:
+            meta["parameter_digests"] = self.dp.all_gather_object(digest)  # one per worker: all must agree
         self.dp.barrier()
         # xm.save is a collective where the xla backend spans the workers; on host-reduce backends each
         # worker's runtime is a world of one, so only worker 0 calls it.
@@ -190,6 +191,8 @@ class Trainer:
             self.backend.save,
             self.dp.is_master,
             all_ranks_save=not self.plan.host_reduce,
+            rank_file=self.strategy.rank_state(),
+            barrier=self.dp.barrier,
         )
         self.dp.barrier()
 
@@ -229,6 +232,7 @@ class Trainer:
             wall_seconds=wall,
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
+            optimizer_bytes=self.dp.all_gather_object(self.strategy.memory()),
         )
         if self.writes:
             summary.write(self.output_dir)
@@ -241,26 +245,28 @@ class Trainer:
         rng = {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()}
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.strategy.state_dict(),
+            "scheduler": self.strategy.scheduler.state_dict(),
             "data_position": self.position,
             "rng": {**rng, "per_rank": self.dp.all_gather_object(rng) if self.dp.enabled else None},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint: Path | None = None) -> None:
         """Resume from `state` (as `state_dict` made it), into the model set-up has just built on the host.
 
         The weights load now, before the model moves to the device. The rest waits for set-up, in the order
         XLA needs: optimizer and schedule state once they exist for the device model, the RNG after the set-up
         sync (every sync advances the XLA seed). The RNG is this worker's own when the checkpoint has one for
-        each worker of a group of this size.
+        each worker of a group of this size. checkpoint: the directory, for ZeRO-1's per-rank optimizer files.
         """
         self.model.load_state_dict(state["model"])
         self.position = int(state["data_position"])
         rng = state["rng"]
         per_rank = rng.get("per_rank")
         mine = per_rank[self.dp.rank] if per_rank and len(per_rank) == self.dp.world else rng
-        self._restored = _Restored(state["optimizer"], state["scheduler"], mine["torch_cpu"], mine["backend"])
+        self._restored = _Restored(
+            state["optimizer"], state["scheduler"], mine["torch_cpu"], mine["backend"], checkpoint
+        )
 
     def _checkpoint_meta(self, step: int) -> dict[str, Any]:
         """meta.json: what a resumed run checks before it loads the state, and what a reader needs to know."""
@@ -272,6 +278,7 @@ class Trainer:
             "data_position": self.position,
             "time": time.time(),
             "world_size": self.plan.world,
+            "global_fingerprint": checkpoints.global_fingerprint(self.recipe, self.plan.world),
         }
 
     def _resume(self) -> None:
@@ -285,19 +292,9 @@ class Trainer:
         if path is None:
             return
         state, meta = checkpoints.load_checkpoint(path)
-        if meta.get("fingerprint") != self.recipe.fingerprint():
-            raise UsageError(
-                f"checkpoint {path} was written by a different recipe; use another --output-dir "
-                "or set checkpoint.resume=false"
-            )
-        if meta.get("world_size", 1) != self.plan.world:
-            raise UsageError(
-                f"checkpoint {path} was written by {meta.get('world_size', 1)} workers, this run has "
-                f"{self.plan.world} (its data position counts global batches of that size); use "
-                "another --output-dir or the same number of workers"
-            )
+        checkpoints.check_resumable(path, meta, self.recipe, self.plan.world)
         self.start_step = int(meta["step"])
-        self.load_state_dict(state)
+        self.load_state_dict(state, path)
 
     def _seed(self) -> None:
         """Restore the RNG of a resumed run; a fresh run with several workers gives each its own dropout
@@ -329,7 +326,7 @@ class Trainer:
         return self.backend.compile_count() - self._compiles_at_start
 
     def _state_tensors(self) -> list[torch.Tensor]:
-        return steps.state_tensors(self.model, self.optimizer)
+        return self.strategy.state_tensors(self.model)
 
     def _collator(self, ids: list[list[int]], labels: list[int] | None, batch_size: int) -> Collator:
         """This worker's rows of each global batch."""

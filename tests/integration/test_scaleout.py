@@ -2,16 +2,12 @@
 SIGKILL, bad combinations, and a real Slurm (two nodes on this machine) running the generated sbatch script."""
 
 import json
-import os
 import resource
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, read_json, read_metrics, run_cli
+from conftest import RECIPES, read_json, read_metrics, run_cli, run_killing_a_worker
 
 pytestmark = pytest.mark.slow
 
@@ -165,58 +161,11 @@ def test_two_bert_workers_match_one_worker(tmp_path):
     assert s1["eval_accuracy"] == s2["eval_accuracy"]
 
 
-def _worker_pid(output_dir: Path, rank: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            str(output_dir).encode() in cmdline
-            and f"RANK={rank}".encode() in environ
-            and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ)
-        ):
-            return int(proc.name)
-    return None
-
-
 def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neurontrain",
-            "run",
-            LLAMA,
-            "-o",
-            str(out),
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            *LLAMA_ARGS,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.time() + 300
-        while not (out / "checkpoints" / "step_00000004" / "COMPLETE").exists():
-            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
-            time.sleep(0.1)
-        pid = _worker_pid(out, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    args = ["run", LLAMA, "-o", str(out), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS]
+    code, stderr = run_killing_a_worker(args, out, 4)
+    assert code == 0, stderr[-3000:]
     summary = read_json(out / "summary.json")
     assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
     assert sorted(_losses(out)) == list(range(1, 17))  # steps after the checkpoint were logged again, once
