@@ -1,5 +1,5 @@
 """Bad input through a real process: exit 2, one readable line on stderr, no traceback. (The many recipe and
-flag cases run in process: tests/unit/test_bad_input.py.)"""
+flag cases run in process: tests/unit/test_bad_input_in_process.py.)"""
 
 from pathlib import Path
 

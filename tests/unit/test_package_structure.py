@@ -116,3 +116,11 @@ def test_the_checks_catch_what_they_check():
     assert _unit("neurontrain.loop.trainer") == "loop" and _unit("neurontrain.errors") == "errors"
     edges = _module_level_edges(_modules())
     assert "neurontrain.errors" in edges["neurontrain.compile.store"]
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports tests/unit and tests/integration as one flat namespace (no __init__.py): two test files of
+    the same name stop collection of the whole suite."""
+    tests = PACKAGE.parent / "tests"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
