@@ -108,7 +108,7 @@ def test_dry_run_plans_llama_1b_on_trn1_and_refuses_a_tiny_core(tmp_path, capsys
     assert memory["choice"] == memory["candidates"][-1]["config"] and memory["choice"]["zero1"] is True
     assert "memory per core: trn1, 16.00 GiB" in err
     assert "DP does not fit" in err
-    assert "memory planned for trn1 (runtime.neuron_target auto on xla-cpu)" in err
+    assert "memory planned for trn1 (runtime.neuron_target auto: xla-cpu), and not enforced" in err
 
     code, out, err = cli_in_process(
         capsys, "run", str(RECIPES / "tiny-llama-clm.yaml"), "--dry-run", "--set", "runtime.device_memory_gib=0.001",
