@@ -33,6 +33,9 @@ def run_plan_id(plan: RunPlan, backend: str) -> str:
     workers = f"/world{plan.world}" if plan.world > 1 else ""  # the batch plan and step split depend on it
     if plan.world > 1 and plan.recipe.train.zero1 is True:
         workers += "/zero1"  # the optimizer graph steps chunks (train.zero1 is not part of the fingerprint)
+    checkpointing = plan.recipe.train.activation_checkpointing
+    if checkpointing != "none":  # recomputed layers change the training graphs; also not in the fingerprint
+        workers += f"/checkpointing-{checkpointing}"
     return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 

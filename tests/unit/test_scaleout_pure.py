@@ -100,6 +100,17 @@ def test_data_parallel_plan_uses_global_batches_and_splits_the_step():
     from neurontrain.compile.discover import run_plan_id
 
     assert run_plan_id(two, "xla-cpu") != run_plan_id(_plan(1, "data.batch_size=8"), "xla-cpu")
+    # the fingerprint leaves out what resume may change, but those settings change the graphs a manifest lists
+    by_setting = {
+        run_plan_id(_plan(2, "data.batch_size=8", *settings), "xla-cpu")
+        for settings in [
+            ("train.zero1=false", "train.activation_checkpointing=none"),
+            ("train.zero1=true", "train.activation_checkpointing=none"),
+            ("train.zero1=false", "train.activation_checkpointing=every_2"),
+            ("train.zero1=false", "train.activation_checkpointing=full"),
+        ]
+    }
+    assert len(by_setting) == 4
 
 
 def test_too_many_workers_for_the_data():
