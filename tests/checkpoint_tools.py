@@ -64,7 +64,8 @@ def fsdp2_dcp(tmp_path, model):
 
 
 def fsdp1_sharded_dcp(tmp_path, model):
-    """FSDP1 SHARDED_STATE_DICT saved through DCP as {"model", "optim"}."""
+    """FSDP1 SHARDED_STATE_DICT saved through DCP as {"model", "optim"}. Returns (dcp dir, reference dir, the
+    moments by parameter name from FSDP's own FULL_STATE_DICT optimizer state)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import StateDictType
 
@@ -76,8 +77,8 @@ def fsdp1_sharded_dcp(tmp_path, model):
             state = {"model": fsdp.state_dict(), "optim": FSDP.optim_state_dict(fsdp, optimizer)}
             dcp.save(state, checkpoint_id=str(tmp_path / "fsdp1-dcp"))
         with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT):
-            full = fsdp.state_dict()
-    return tmp_path / "fsdp1-dcp", _reference(model, full, tmp_path / "fsdp1-ref")
+            full, moments = fsdp.state_dict(), FSDP.optim_state_dict(fsdp, optimizer)["state"]
+    return tmp_path / "fsdp1-dcp", _reference(model, full, tmp_path / "fsdp1-ref"), moments
 
 
 def ddp_torch_save(tmp_path, model, key="model"):

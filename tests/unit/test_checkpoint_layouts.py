@@ -38,12 +38,11 @@ def test_fsdp2_dcp_with_optimizer_namespace(tmp_path, capsys, family):
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_fsdp1_sharded_state_dict_through_dcp(tmp_path, family):
     model, _ = tiny(tmp_path, family)
-    src, ref = fsdp1_sharded_dcp(tmp_path, model)
+    src, ref, moments = fsdp1_sharded_dcp(tmp_path, model)
     result, back = round_trip(tmp_path, src, ref, "fsdp1", config=ref, with_optimizer=True)
     assert result["source"]["prefix"] == "model." and result["optimizer"]
     assert inspect_checkpoint(src, ref)["layout"] == "dcp"
-    restored = torch.load(back / "optimizer.pt", weights_only=True)
-    assert len(restored["param_groups"][0]["param_names"]) == result["tensors"]  # every parameter (FSDP1 flattens them)
+    assert_moments(back, moments)
 
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
@@ -66,14 +65,22 @@ def test_torch_compile_names(tmp_path, family):
     assert next(iter(torch.load(src, weights_only=True)["model_state_dict"])).startswith("_orig_mod.")
     result, _ = round_trip(tmp_path, src, ref, "compiled", config=hf)
     assert result["source"]["prefix"] == ""
+    report = inspect_checkpoint(src, hf)
+    assert (report["layout"], report["prefix"], report["optimizer_state"]) == (
+        "torch",
+        "",
+        False,
+    )  # wrapper names are dropped before matching
 
 
-def test_sharded_save_pretrained(tmp_path):
-    model, _ = bert(tmp_path)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_sharded_and_plain_save_pretrained(tmp_path, family):
+    model, hf = tiny(tmp_path, family)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    round_trip(tmp_path, tmp_path / "sharded", tmp_path / "bert", "sharded")
+    round_trip(tmp_path, tmp_path / "sharded", hf, "sharded")
     assert inspect_checkpoint(tmp_path / "sharded")["layout"] == "hf-sharded"
+    assert inspect_checkpoint(hf)["layout"] == "hf"
 
 
 def test_names_that_fit_no_mapping_or_several_exit_2_and_write_nothing(tmp_path, capsys):
