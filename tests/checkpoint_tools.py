@@ -104,21 +104,19 @@ def compiled_torch_save(tmp_path, model):
     return tmp_path / "compiled.pt", tmp_path / "compiled-ref"
 
 
-def lightning_ckpt(tmp_path, model, sharded=False):
-    """A Lightning Trainer run of one step whose LightningModule holds the model as `self.model`: a .ckpt file
-    from trainer.save_checkpoint (names `model.<hf name>`, optimizer_states id-keyed), or with sharded=True the
-    `last.ckpt/` directory Lightning's FSDP strategy writes with state_dict_type="sharded": Lightning refuses FSDP
-    on a CPU accelerator ("FSDP needs a non-CPU accelerator device"), so the directory is written as that
-    strategy's save_checkpoint does, with Lightning's own writer: {"model": state dict, "optimizer_0": name-keyed
-    optimizer state} through _distributed_checkpoint_save (DCP), the rest of the checkpoint in meta.pt."""
+def _lightning_module(model):
     import lightning as L
-    from lightning.fabric.strategies.fsdp import _distributed_checkpoint_save
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     class Module(L.LightningModule):
         def __init__(self, inner):
             super().__init__()
             self.model = inner
+
+        def configure_model(self):  # Lightning's hook for wrapping by hand; a no-op without its FSDP strategy
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            if self.trainer.strategy.strategy_name == "fsdp" and not isinstance(self.model, FSDP):
+                self.model = FSDP(self.model, device_id=torch.device("cpu"))
 
         def training_step(self, data, index):
             return self.model(**data).loss
@@ -126,30 +124,52 @@ def lightning_ckpt(tmp_path, model, sharded=False):
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    loader = torch.utils.data.DataLoader([batch(model)], batch_size=None)
-    module = Module(model)
+    return Module(model)
+
+
+def _lightning_fsdp_strategy():
+    """Lightning's own FSDP strategy with state_dict_type="sharded". Two CPU-only steps around it: Lightning's
+    accelerator connector refuses the exact class FSDPStrategy on a CPU accelerator, not a subclass of it, and
+    the module wraps itself in FSDP with device_id=cpu in configure_model (Lightning passes the accelerator's
+    device index, None on CPU, which torch's FSDP refuses); Lightning then skips its own wrapping."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    class CPUFSDPStrategy(FSDPStrategy):
+        pass
+
+    return CPUFSDPStrategy(state_dict_type="sharded")
+
+
+def lightning_ckpt(tmp_path, model, sharded=False):
+    """A Lightning Trainer run of one step whose LightningModule holds the model as `self.model`: a .ckpt file
+    from trainer.save_checkpoint (names `model.<hf name>`, optimizer_states id-keyed), or with sharded=True the
+    `last.ckpt/` directory Lightning's FSDP strategy writes with state_dict_type="sharded" (DCP files holding
+    {"model", "optimizer_0"} and meta.pt). The sharded form needs a process of its own (a process group, no
+    torch-xla): run it through in_a_process_without_xla."""
+    import lightning as L
+
+    module = _lightning_module(model)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
+        strategy=_lightning_fsdp_strategy() if sharded else "auto",
         max_steps=1,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, loader)
-    model.save_pretrained(tmp_path / "lightning-ref")
+    trainer.fit(module, torch.utils.data.DataLoader([batch(model)], batch_size=None))
     path = tmp_path / ("last.ckpt" if sharded else "lightning.ckpt")
-    if not sharded:
-        trainer.save_checkpoint(path)
-        return path, tmp_path / "lightning-ref"
-    checkpoint = trainer._checkpoint_connector.dump_checkpoint()
-    converted = {"model": checkpoint.pop("state_dict")}
-    converted["optimizer_0"] = get_optimizer_state_dict(module, trainer.optimizers[0])
-    checkpoint.pop("optimizer_states", None)
-    path.mkdir()
-    _distributed_checkpoint_save(converted, path)
-    torch.save(checkpoint, path / "meta.pt")
+    trainer.save_checkpoint(path)
+    if sharded:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import StateDictType
+
+        with FSDP.state_dict_type(module.model, StateDictType.FULL_STATE_DICT):
+            full = module.model.state_dict()
+        return path, _reference(model, full, tmp_path / "lightning-ref")
+    model.save_pretrained(tmp_path / "lightning-ref")
     return path, tmp_path / "lightning-ref"
 
 

@@ -29,14 +29,21 @@ def test_lightning_ckpt(tmp_path, family):
     assert inspect_checkpoint(src, hf)["layout"] == "lightning"
 
 
-def test_lightning_fsdp_sharded_directory(tmp_path):
-    model, hf = llama(tmp_path)
-    src, ref = lightning_ckpt(tmp_path, model, sharded=True)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_lightning_fsdp_sharded_directory(tmp_path, family):
+    _, hf = (llama if family == "llama" else bert)(tmp_path)
+    src, ref = in_a_process_without_xla(lightning_ckpt, tmp_path, family, sharded=True)
     assert src.is_dir() and (src / "meta.pt").is_file()
-    result, _ = round_trip(tmp_path, src, ref, "lightning-fsdp", config=hf, with_optimizer=True)
+    result, back = round_trip(tmp_path, src, ref, "lightning-fsdp", config=hf, with_optimizer=True)
     assert result["source"]["layout"] == "lightning-sharded" and result["source"]["prefix"] == "model.model."
     report = inspect_checkpoint(src, hf)
     assert report["layout"] == "lightning-sharded" and report["optimizer_state"]
+    # the moments as torch's own converter reads the DCP files back (Lightning's FSDP names them by parameter)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(src, tmp_path / "lightning-fsdp.pt")
+    state = torch.load(tmp_path / "lightning-fsdp.pt", weights_only=False)["optimizer_0"]["state"]
+    assert_moments(back, {name.removeprefix("model."): moments for name, moments in state.items()})
 
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
