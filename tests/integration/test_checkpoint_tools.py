@@ -63,9 +63,10 @@ def test_hf_trainer_checkpoint(tmp_path, family):
     assert_moments(back, {n: state[i] for i, n in enumerate(order)})
 
 
-def test_accelerate_save_state(tmp_path):
-    model, hf = llama(tmp_path)
-    src, ref = in_a_process_without_xla(accelerate_state, tmp_path, "llama")
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_accelerate_save_state(tmp_path, family):
+    model, hf = (llama if family == "llama" else bert)(tmp_path)
+    src, ref = in_a_process_without_xla(accelerate_state, tmp_path, family)
     result, back = round_trip(tmp_path, src, ref, "accelerate", config=hf, with_optimizer=True)
     assert result["source"]["layout"] == "accelerate"
     optimizer_state = torch.load(src / "optimizer.bin", weights_only=True)
