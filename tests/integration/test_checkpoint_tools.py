@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 from checkpoint_checks import assert_moments, round_trip
 from checkpoint_models import bert, llama
 from checkpoint_tools import accelerate_state, deepspeed_zero, hf_trainer, in_a_process_without_xla, lightning_ckpt
-from conftest import run_cli
+from conftest import cli_in_process
 
 from neurontrain.checkpoint.report import inspect_checkpoint
 
@@ -75,21 +75,22 @@ def test_accelerate_save_state(tmp_path, family):
     assert inspect_checkpoint(src, hf)["layout"] == "accelerate"
 
 
-def test_cli_inspect_and_verify_across_forms(tmp_path):
+def test_cli_inspect_and_verify_across_forms(tmp_path, capsys):
     """The same weights as a Lightning .ckpt, DCP and HF safetensors: verify says EQUAL for each pair."""
     model, hf = llama(tmp_path)
     ckpt, ref = lightning_ckpt(tmp_path, model)
     dcp.save({"model": model.state_dict(), "step": torch.tensor(1)}, checkpoint_id=str(tmp_path / "dcp"))
     for a, b in ((tmp_path / "dcp", ref), (ckpt, ref), (tmp_path / "dcp", ckpt)):
-        res = run_cli("checkpoint", "verify", str(a), str(b), "--config", str(hf), "--logits", str(hf))
-        assert res.returncode == 0 and "EQUAL" in res.stdout, res.stdout + res.stderr
-        assert not res.stdout.startswith("0 tensors")
-    res = run_cli("checkpoint", "inspect", str(ckpt), "--config", str(hf), "--json")
-    assert res.returncode == 0, res.stderr
-    report = json.loads(res.stdout)
+        code, out, err = cli_in_process(
+            capsys, "checkpoint", "verify", str(a), str(b), "--config", str(hf), "--logits", str(hf)
+        )
+        assert code == 0 and "EQUAL" in out and not out.startswith("0 tensors"), out + err
+    code, out, err = cli_in_process(capsys, "checkpoint", "inspect", str(ckpt), "--config", str(hf), "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["layout"] == "lightning" and report["prefix"] == "model." and report["optimizer_state"]
-    res = run_cli("checkpoint", "inspect", str(tmp_path / "dcp"))
-    assert res.returncode == 0 and "config needed" in res.stdout, res.stdout + res.stderr
+    code, out, err = cli_in_process(capsys, "checkpoint", "inspect", str(tmp_path / "dcp"))
+    assert code == 0 and "config needed" in out, out + err
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

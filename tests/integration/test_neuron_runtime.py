@@ -60,6 +60,8 @@ def test_after_precompile_every_run_graph_is_a_cache_hit(tmp_path, recipes, neur
     assert summary["neuron_cache"]["compiled_at_run_time"] == 0
     assert summary["neuron_cache"]["cache_hits"] == summary["compilations"] > 0
 
+    if recipe != "tiny-llama-clm":
+        return  # the two-worker plan's graphs are the same kinds for both families: checked once
     # two data-parallel workers: their own plan (micro-step + optimizer graphs), precompiled at that world size
     _precompile(args, env, tmp_path, "two", "--nproc-per-node", "2")
     start = len(read_log())
