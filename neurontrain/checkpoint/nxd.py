@@ -23,10 +23,9 @@ import torch
 
 from neurontrain.checkpoint.formats import load_torch_file
 from neurontrain.errors import UsageError
-from neurontrain.parallel.nxd_layout import fuse_rank, fused_groups
+from neurontrain.parallel.nxd_layout import SPEC_FILE, fuse_rank, fused_groups
 from neurontrain.parallel.rules import ShardingSpec, merge, rule_for, shard, split_fused, stage_of
 
-SPEC_FILE = "checkpoint_spec.json"
 _FILE = re.compile(r"dp_rank_(\d+)_tp_rank_(\d+)_pp_rank_(\d+)\.pt$")
 _OLD_DIR = re.compile(r"tp_rank_(\d+)_pp_rank_(\d+)$")
 
@@ -109,6 +108,10 @@ class NxdReader:
 
     def keys(self) -> list[str]:
         return list(self.spec.names)
+
+    def rank_file_tensors(self, tp: int, pp: int) -> dict[str, torch.Tensor]:
+        """One rank file's {neuron name: tensor}, as written (no merging)."""
+        return _load_rank_file(self.files[(tp, pp)])
 
     def get(self, name: str) -> torch.Tensor:
         spec = self.spec

@@ -13,6 +13,7 @@ import torch
 from neurontrain.parallel.rules import ShardingSpec, neuron_name, rule_for, split_fused
 
 MODEL_DIR, OPTIM_DIR = "model", "optim"
+SPEC_FILE = "checkpoint_spec.json"  # the ShardingSpec, beside the rank files
 _FUSION_ORDER = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
 
 
