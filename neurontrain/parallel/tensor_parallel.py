@@ -138,7 +138,7 @@ def _replace(model: torch.nn.Module, layer: ParallelLayer, spec: ShardingSpec, r
         raise UsageError(f"{layer.module}: NxD splits this layer on dim {found}, the rules on {layer.partition_dim}")
     with torch.no_grad():
         new.weight.copy_(shard(spec, layer.rule, old.weight, rank))
-        if old.bias is not None:
+        if getattr(old, "bias", None) is not None:
             # NxD keeps a row layer's bias whole, and a column layer's too when it gathers its output
             bias_rule = "column" if layer.kind == "column" else "replicate"
             new.bias.copy_(shard(spec, bias_rule, old.bias, rank))
