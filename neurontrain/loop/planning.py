@@ -18,8 +18,9 @@ from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
-from neurontrain.loop.model import ModelDims, build_config, model_dims
+from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
 from neurontrain.parallel.memory_choice import MemoryPlan
+from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
@@ -300,9 +301,12 @@ def _batching(recipe: Recipe, data: PreparedData, buckets: _Buckets, world: int)
     return _Batching(batcher, eval_batches, _used_lengths(batcher, recipe, world, len(data.train_lengths)))
 
 
-def _tensor_parallel_outputs(recipe: Recipe, notes: list[str]) -> Recipe:
-    """Under tensor parallel the final weights are the last checkpoint's per-rank shards (no Hugging Face
-    export: each worker holds only its shards): a checkpoint at the last step, instead of model/."""
+def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[str]) -> Recipe:
+    """Refuse what tensor parallel cannot train here (before any worker starts). The final weights are the last
+    checkpoint's per-rank shards (no Hugging Face export: each worker holds only its shards): a checkpoint at
+    the last step, instead of model/."""
+    require_nxd(tp)
+    check_trainable(model_spec(meta_model(recipe, config), tp))
     spec = recipe.checkpoint
     every = spec.every or recipe.train.max_steps
     notes.append(
@@ -335,7 +339,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
     recipe = with_memory_choice(with_world(recipe, world // tp), memory)
     if tp > 1:
-        recipe = _tensor_parallel_outputs(recipe, notes)
+        recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
     return RunPlan(
         recipe=recipe,
         backend=backend,
