@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from test_parallel_layouts import LLAMA_NAMES
 
 from neurontrain.checkpoint.nxd import rank_tensors
 from neurontrain.errors import UsageError
@@ -15,19 +16,8 @@ from neurontrain.parallel.rules import ShardingSpec, rule_for, shard
 from neurontrain.parallel.tensor_parallel import check_trainable
 from neurontrain.recipe import load_recipe
 
-NAMES = [
-    "model.embed_tokens.weight",
-    "model.layers.0.self_attn.q_proj.weight",
-    "model.layers.0.self_attn.k_proj.weight",
-    "model.layers.0.self_attn.v_proj.weight",
-    "model.layers.0.self_attn.o_proj.weight",
-    "model.layers.0.mlp.gate_proj.weight",
-    "model.layers.0.mlp.up_proj.weight",
-    "model.layers.0.mlp.down_proj.weight",
-    "model.norm.weight",
-    "lm_head.weight",
-]
-SHAPES = [(64, 32), (64, 32), (16, 32), (16, 32), (32, 64), (48, 32), (48, 32), (32, 48), (32,), (64, 32)]
+NAMES = LLAMA_NAMES  # embeddings, one layer (q, k, v, o, gate, up, down, a norm), the final norm, lm_head
+SHAPES = [(64, 32), (64, 32), (16, 32), (16, 32), (32, 64), (48, 32), (48, 32), (32, 48), (32,), (32,), (64, 32)]
 
 
 def _spec(tp: int, kv: int = 2, vocab: int = 64, fuse_qkv: bool = False) -> ShardingSpec:

@@ -3,7 +3,7 @@ squared norms of tensor-parallel gradients counted on every rank, those of dupli
 parameters divided by the TP size, summed over the TP group; then every gradient scaled by
 max_norm / (norm + 1e-6) where that is below 1. The sum runs over gloo on a host copy."""
 
-from typing import Iterable, List, Optional, Union
+from collections.abc import Iterable
 
 import torch
 
@@ -13,14 +13,14 @@ from .parallel_state import get_tensor_model_parallel_group, get_tensor_model_pa
 
 def get_grad_norm(
     parameters,
-    norm_type: Union[float, int] = 2,
+    norm_type: float | int = 2,
     zero1_optimizer: bool = False,
-    zero1_optimizer_groups: Optional[List[List[int]]] = None,
+    zero1_optimizer_groups: list[list[int]] | None = None,
     force_spmd: bool = True,
 ):
     if zero1_optimizer or zero1_optimizer_groups is not None or not force_spmd or float(norm_type) != 2.0:
         raise NotImplementedError("the NxD stand-in computes NxD's 2-norm with force_spmd only")
-    params: List[torch.Tensor] = [parameters] if not isinstance(parameters, List) else parameters
+    params: list[torch.Tensor] = [parameters] if not isinstance(parameters, list) else parameters
     device, dtype = params[0].device, params[0].dtype
     total_norm = torch.tensor([0.0], dtype=dtype, device=device)
     duplicated = torch.tensor([0.0], dtype=dtype, device=device)
@@ -38,14 +38,14 @@ def get_grad_norm(
 
 
 def clip_grad_norm(
-    parameters: Union[Iterable[torch.Tensor], torch.Tensor],
-    max_norm: Union[float, int],
-    norm_type: Union[float, int] = 2,
+    parameters: Iterable[torch.Tensor] | torch.Tensor,
+    max_norm: float | int,
+    norm_type: float | int = 2,
     zero1_optimizer: bool = False,
-    zero1_optimizer_groups: Optional[List[List[int]]] = None,
+    zero1_optimizer_groups: list[list[int]] | None = None,
     force_spmd: bool = True,
 ):
-    params = [parameters] if not isinstance(parameters, List) else parameters
+    params = [parameters] if not isinstance(parameters, list) else parameters
     total_norm = get_grad_norm(
         params,
         norm_type=norm_type,

@@ -4,7 +4,8 @@ weight drawn, then the rank's chunk kept) and computes its part of the matmul, w
 (`mappings.py`). Options NxD has and this does not raise NotImplementedError."""
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ def _local_weight(shape: tuple, partition_dim: int, group: ProcessGroup, init_me
 
 
 class BaseParallelLayer(torch.nn.Module):
-    def __init__(self, device: Optional[torch.device] = None):
+    def __init__(self, device: torch.device | None = None):
         super().__init__()
         if not model_parallel_is_initialized():
             raise NotImplementedError("NxD falls back to a non-parallel state here; the stand-in does not")
@@ -50,22 +51,22 @@ class ParallelEmbedding(BaseParallelLayer):
         self,
         num_embeddings: int,
         embedding_dim: int,
-        padding_idx: Optional[int] = None,
-        max_norm: Optional[float] = None,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
         norm_type: float = 2.0,
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
         init_method: Callable[[Any], Any] = init.normal_,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         shard_across_embedding: bool = False,
         pad: bool = False,
         sequence_parallel_enabled: bool = False,
-        tensor_model_parallel_group: Optional[ProcessGroup] = None,
+        tensor_model_parallel_group: ProcessGroup | None = None,
         use_spmd_rank: bool = False,
-        sequence_dimension: Optional[int] = None,
+        sequence_dimension: int | None = None,
         tile_cc: bool = False,
-        rank_ordering: Optional[list] = None,
+        rank_ordering: list | None = None,
         collect_output: bool = True,
     ):
         super().__init__(device=device)
@@ -112,19 +113,19 @@ class ColumnParallelLinear(BaseParallelLayer):
         bias: bool = True,
         gather_output: bool = True,
         dtype: torch.dtype = torch.float32,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         stride: int = 1,
-        init_method: Optional[Callable[[Any], torch.Tensor]] = None,
+        init_method: Callable[[Any], torch.Tensor] | None = None,
         sequence_parallel_enabled: bool = False,
-        sequence_dimension: Optional[int] = None,
+        sequence_dimension: int | None = None,
         keep_master_weight: bool = False,
         skip_bias_add: bool = False,
         pad: bool = False,
         pad_alignment_size_per_rank: int = 1,
         keep_padded_output: bool = False,
-        tensor_model_parallel_group: Optional[ProcessGroup] = None,
+        tensor_model_parallel_group: ProcessGroup | None = None,
         reduce_dtype: torch.dtype = torch.float32,
-        rank_ordering: Optional[list] = None,
+        rank_ordering: list | None = None,
     ):
         super().__init__(device=device)
         _unsupported(
@@ -151,7 +152,7 @@ class ColumnParallelLinear(BaseParallelLayer):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, input: torch.Tensor, slice_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, slice_indices: torch.Tensor | None = None) -> torch.Tensor:
         if self.pad and self.training:
             raise RuntimeError("`pad=True` is only supported for inference. Set model.eval()")
         _unsupported(slice_indices=slice_indices is not None)
@@ -171,19 +172,19 @@ class RowParallelLinear(BaseParallelLayer):
         bias: bool = True,
         input_is_parallel: bool = False,
         dtype: torch.dtype = torch.float32,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         stride: int = 1,
-        init_method: Optional[Callable[..., Any]] = None,
+        init_method: Callable[..., Any] | None = None,
         sequence_parallel_enabled: bool = False,
-        sequence_dimension: Optional[int] = None,
+        sequence_dimension: int | None = None,
         keep_master_weight: bool = False,
         skip_bias_add: bool = False,
         pad: bool = False,
         reduce_output: bool = True,
-        tensor_model_parallel_group: Optional[ProcessGroup] = None,
+        tensor_model_parallel_group: ProcessGroup | None = None,
         reduce_dtype: torch.dtype = torch.float32,
         tile_cc: bool = False,
-        rank_ordering: Optional[list] = None,
+        rank_ordering: list | None = None,
     ):
         super().__init__(device=device)
         _unsupported(
@@ -208,7 +209,7 @@ class RowParallelLinear(BaseParallelLayer):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, input_: torch.Tensor, slice_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, input_: torch.Tensor, slice_indices: torch.Tensor | None = None) -> torch.Tensor:
         if self.pad and self.training:
             raise RuntimeError("`pad=True` is only supported for inference. Set model.eval()")
         _unsupported(slice_indices=slice_indices is not None)

@@ -2,8 +2,6 @@
 collectives are `xm.all_reduce` / `xm.all_gather` in the graph; here they run over the group's gloo process
 group on host copies, and the result comes back to the input's device as data."""
 
-from typing import Optional
-
 import torch
 import torch.distributed
 from torch.distributed import ProcessGroup
@@ -17,21 +15,21 @@ def _host_all_reduce(input_: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return host.to(device=input_.device, dtype=input_.dtype)
 
 
-def _reduce(input_: torch.Tensor, process_group: Optional[ProcessGroup] = None) -> torch.Tensor:
+def _reduce(input_: torch.Tensor, process_group: ProcessGroup | None = None) -> torch.Tensor:
     group = process_group if process_group is not None else get_tensor_model_parallel_group()
     if group.size() == 1:
         return input_
     return _host_all_reduce(input_, group)
 
 
-def _split_along_last_dim(input_: torch.Tensor, process_group: Optional[ProcessGroup] = None) -> torch.Tensor:
+def _split_along_last_dim(input_: torch.Tensor, process_group: ProcessGroup | None = None) -> torch.Tensor:
     group = process_group if process_group is not None else get_tensor_model_parallel_group()
     if group.size() == 1:
         return input_
     return input_.chunk(group.size(), dim=-1)[group.rank()].contiguous()
 
 
-def _gather_along_last_dim(x: torch.Tensor, process_group: Optional[ProcessGroup] = None) -> torch.Tensor:
+def _gather_along_last_dim(x: torch.Tensor, process_group: ProcessGroup | None = None) -> torch.Tensor:
     group = process_group if process_group is not None else get_tensor_model_parallel_group()
     if group.size() == 1:
         return x
@@ -43,7 +41,7 @@ def _gather_along_last_dim(x: torch.Tensor, process_group: Optional[ProcessGroup
 
 class _CopyToModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input_, process_group: Optional[ProcessGroup] = None):
+    def forward(ctx, input_, process_group: ProcessGroup | None = None):
         ctx.process_group = process_group if process_group is not None else get_tensor_model_parallel_group()
         return input_
 
@@ -54,7 +52,7 @@ class _CopyToModelParallelRegion(torch.autograd.Function):
 
 class _ReduceFromModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input_, process_group: Optional[ProcessGroup] = None):
+    def forward(ctx, input_, process_group: ProcessGroup | None = None):
         return _reduce(input_, process_group=process_group)
 
     @staticmethod
@@ -64,7 +62,7 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
 
 class _ScatterToModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input_, process_group: Optional[ProcessGroup] = None):
+    def forward(ctx, input_, process_group: ProcessGroup | None = None):
         ctx.process_group = process_group if process_group is not None else get_tensor_model_parallel_group()
         return _split_along_last_dim(input_, process_group=ctx.process_group)
 
@@ -75,7 +73,7 @@ class _ScatterToModelParallelRegion(torch.autograd.Function):
 
 class _GatherFromModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input_, process_group: Optional[ProcessGroup] = None):
+    def forward(ctx, input_, process_group: ProcessGroup | None = None):
         ctx.process_group = process_group if process_group is not None else get_tensor_model_parallel_group()
         return _gather_along_last_dim(input_, process_group=ctx.process_group)
 
@@ -84,20 +82,20 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, process_group=ctx.process_group), None
 
 
-def copy_to_tensor_model_parallel_region(input_, process_group: Optional[ProcessGroup] = None):
+def copy_to_tensor_model_parallel_region(input_, process_group: ProcessGroup | None = None):
     return _CopyToModelParallelRegion.apply(input_, process_group)
 
 
-def reduce_from_tensor_model_parallel_region(input_, process_group: Optional[ProcessGroup] = None):
+def reduce_from_tensor_model_parallel_region(input_, process_group: ProcessGroup | None = None):
     return _ReduceFromModelParallelRegion.apply(input_, process_group)
 
 
-def scatter_to_tensor_model_parallel_region(input_, process_group: Optional[ProcessGroup] = None):
+def scatter_to_tensor_model_parallel_region(input_, process_group: ProcessGroup | None = None):
     return _ScatterToModelParallelRegion.apply(input_, process_group)
 
 
 def gather_from_tensor_model_parallel_region(
     input_,
-    process_group: Optional[ProcessGroup] = None,
+    process_group: ProcessGroup | None = None,
 ) -> torch.Tensor:
     return _GatherFromModelParallelRegion.apply(input_, process_group)

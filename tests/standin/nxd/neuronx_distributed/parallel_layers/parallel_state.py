@@ -3,19 +3,17 @@ created by every rank): ranks reshaped to [PP, DP, CP, TP] with TP contiguous, a
 documents (NxD's trn1 TP=4 layout, non-contiguous, is not modelled). Pipeline, context and expert
 parallelism are not here."""
 
-from typing import List, Optional, Union
-
 import torch
 import torch.distributed
 from torch.distributed import ProcessGroup
 
-_TENSOR_MODEL_PARALLEL_GROUP: Optional[ProcessGroup] = None
-_TENSOR_MODEL_PARALLEL_GROUP_SPMD: Optional[List[List[int]]] = None
-_DATA_PARALLEL_GROUP: Optional[ProcessGroup] = None
-_DATA_PARALLEL_GROUP_SPMD: Optional[List[List[int]]] = None
-_WORLD_GROUP: Optional[ProcessGroup] = None
-_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE: Optional[int] = None
-_MPU_TENSOR_MODEL_PARALLEL_RANK: Optional[int] = None
+_TENSOR_MODEL_PARALLEL_GROUP: ProcessGroup | None = None
+_TENSOR_MODEL_PARALLEL_GROUP_SPMD: list[list[int]] | None = None
+_DATA_PARALLEL_GROUP: ProcessGroup | None = None
+_DATA_PARALLEL_GROUP_SPMD: list[list[int]] | None = None
+_WORLD_GROUP: ProcessGroup | None = None
+_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE: int | None = None
+_MPU_TENSOR_MODEL_PARALLEL_RANK: int | None = None
 
 
 def initialize_model_parallel(
@@ -70,19 +68,19 @@ def get_tensor_model_parallel_group(as_list: bool = False) -> ProcessGroup:
     return _TENSOR_MODEL_PARALLEL_GROUP
 
 
-def get_tensor_model_parallel_replica_groups() -> List[List[int]]:
+def get_tensor_model_parallel_replica_groups() -> list[list[int]]:
     assert _TENSOR_MODEL_PARALLEL_GROUP_SPMD is not None, "intra_layer_model parallel group is not initialized"
     return _TENSOR_MODEL_PARALLEL_GROUP_SPMD
 
 
-def get_data_parallel_group(as_list: bool = False) -> Union[ProcessGroup, List[List[int]]]:
+def get_data_parallel_group(as_list: bool = False) -> ProcessGroup | list[list[int]]:
     if as_list:
         return get_data_parallel_replica_groups()
     assert _DATA_PARALLEL_GROUP, "data parallel group is not initialized"
     return _DATA_PARALLEL_GROUP
 
 
-def get_data_parallel_replica_groups() -> List[List[int]]:
+def get_data_parallel_replica_groups() -> list[list[int]]:
     assert _DATA_PARALLEL_GROUP_SPMD is not None, "data parallel group is not initialized"
     return _DATA_PARALLEL_GROUP_SPMD
 

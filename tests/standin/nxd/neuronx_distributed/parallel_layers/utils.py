@@ -1,7 +1,5 @@
 """As parallel_layers/utils.py (NxD 2.29): the tensor-parallel attributes NxD sets on its parameters."""
 
-from typing import Optional
-
 import torch
 
 from .parallel_state import get_tensor_model_parallel_rank
@@ -26,15 +24,15 @@ def set_tensor_model_parallel_attributes(
     dim: int,
     stride: int,
     num_partitions: int = -1,
-    rank_ordering: Optional[list] = None,
+    rank_ordering: list | None = None,
 ) -> None:
     for attribute in _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS:
         assert not hasattr(tensor, attribute)  # NxD asserts the same
-    setattr(tensor, "tensor_model_parallel", is_parallel)
-    setattr(tensor, "partition_dim", dim)
-    setattr(tensor, "partition_stride", stride)
-    setattr(tensor, "num_partitions", num_partitions)
-    setattr(tensor, "rank_ordering", rank_ordering)
+    tensor.tensor_model_parallel = is_parallel
+    tensor.partition_dim = dim
+    tensor.partition_stride = stride
+    tensor.num_partitions = num_partitions
+    tensor.rank_ordering = rank_ordering
 
 
 def copy_tensor_model_parallel_attributes(destination_tensor: torch.Tensor, source_tensor: torch.Tensor) -> None:
@@ -44,5 +42,5 @@ def copy_tensor_model_parallel_attributes(destination_tensor: torch.Tensor, sour
 
 
 def divide(numerator: int, denominator: int) -> int:
-    assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)
+    assert numerator % denominator == 0, f"{numerator} is not divisible by {denominator}"
     return numerator // denominator
