@@ -29,15 +29,14 @@ from neurontrain.checkpoint.matching import MappedSource, check_loads
 from neurontrain.checkpoint.nxd import (
     SPEC_FILE,
     NxdReader,
-    fused_groups,
-    rank_file,
     rank_tensors,
     stage_names,
 )
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.parallel.rules import ShardingSpec, spec_from_config
+from neurontrain.parallel.nxd_layout import fuse_moments, rank_file
+from neurontrain.parallel.rules import ShardingSpec, shard, spec_from_config
 
 log = get_logger(__name__)
 __all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoint"]
@@ -176,15 +175,12 @@ def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: 
     missing = [n for n in names if n not in optimizer]
     if missing:
         raise UsageError(f"optimizer state lacks parameter {missing[0]}")
-    out = {}
-    for moment in ("exp_avg", "exp_avg_sq"):
-        for target, tensor in rank_tensors(
-            spec, lambda n, moment=moment: optimizer[n][moment], names, tp, lambda t: t
-        ).items():
-            out.setdefault(target, {})[moment] = tensor
-    for target, members in fused_groups(spec, names).items():
-        out[target]["step"] = torch.as_tensor(optimizer[members[0][0]].get("step", 0.0)).clone()
-    return out
+    return fuse_moments(
+        spec,
+        names,
+        lambda name, rule, kind: shard(spec, rule, optimizer[name][kind], tp),
+        lambda name: torch.as_tensor(optimizer[name].get("step", 0.0)).clone(),
+    )
 
 
 def _write_safetensors(source: TensorSource, names: list[str], cast, out: Path, max_shard_bytes: int) -> int:

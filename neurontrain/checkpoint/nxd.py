@@ -23,15 +23,11 @@ import torch
 
 from neurontrain.checkpoint.formats import load_torch_file
 from neurontrain.errors import UsageError
-from neurontrain.parallel.rules import ShardingSpec, merge, neuron_name, rule_for, shard, split_fused, stage_of
+from neurontrain.parallel.nxd_layout import SPEC_FILE, fuse_rank, fused_groups
+from neurontrain.parallel.rules import ShardingSpec, merge, rule_for, shard, split_fused, stage_of
 
-SPEC_FILE = "checkpoint_spec.json"
 _FILE = re.compile(r"dp_rank_(\d+)_tp_rank_(\d+)_pp_rank_(\d+)\.pt$")
 _OLD_DIR = re.compile(r"tp_rank_(\d+)_pp_rank_(\d+)$")
-
-
-def rank_file(tp: int, pp: int) -> str:
-    return f"dp_rank_00_tp_rank_{tp:02d}_pp_rank_{pp:02d}.pt"
 
 
 def is_nxd_checkpoint(path: Path) -> bool:
@@ -39,18 +35,6 @@ def is_nxd_checkpoint(path: Path) -> bool:
         any((path / "model").glob("dp_rank_*_tp_rank_*_pp_rank_*.pt"))
         or any(p.is_dir() and _OLD_DIR.match(p.name) for p in path.iterdir())
     )
-
-
-def fused_groups(spec: ShardingSpec, names: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """neuron name -> [(hf name, rule)] in fusion order (q, k, v / gate, up)."""
-    order = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for name in names:
-        rule = rule_for(spec, name)
-        groups.setdefault(neuron_name(spec, name, rule), []).append((name, rule))
-    for members in groups.values():
-        members.sort(key=lambda m: order.get(m[1], 0))
-    return groups
 
 
 def rank_tensors(
@@ -61,11 +45,7 @@ def rank_tensors(
     cast: Callable[[torch.Tensor], torch.Tensor],
 ) -> dict[str, torch.Tensor]:
     """One rank's {neuron name: shard} for the given HF names (all on this rank's stage)."""
-    out = {}
-    for target, members in fused_groups(spec, names).items():
-        parts = [shard(spec, rule, cast(get(name)), tp) for name, rule in members]
-        out[target] = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).contiguous().clone()
-    return out
+    return fuse_rank(spec, names, lambda name, rule: shard(spec, rule, cast(get(name)), tp))
 
 
 def stage_names(spec: ShardingSpec, pp: int) -> list[str]:
@@ -128,6 +108,10 @@ class NxdReader:
 
     def keys(self) -> list[str]:
         return list(self.spec.names)
+
+    def rank_file_tensors(self, tp: int, pp: int) -> dict[str, torch.Tensor]:
+        """One rank file's {neuron name: tensor}, as written (no merging)."""
+        return _load_rank_file(self.files[(tp, pp)])
 
     def get(self, name: str) -> torch.Tensor:
         spec = self.spec

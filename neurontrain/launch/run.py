@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from neurontrain.backend import Backend, backend_for, resolve_backend_name
-from neurontrain.checkpoint.initial import load_initial_weights
+from neurontrain.checkpoint.initial_tp import initial_weights_loader
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -23,6 +23,7 @@ from neurontrain.logs import get_logger
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.loop.summary import RunSummary, read_summary
+from neurontrain.loop.tp_workers import join_tensor_parallel
 from neurontrain.loop.trainer import Trainer
 from neurontrain.recipe import Recipe
 
@@ -93,7 +94,8 @@ def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool, 
         manifest = _manifest_ids(plan, backend.name, cache.local) if dp.is_master else None
         if dp.enabled:
             manifest = dp.all_gather_object(manifest)[0]
-        _trainer(plan, backend, output_dir, manifest, dp, init_from).run()
+        workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
+        _trainer(plan, backend, output_dir, manifest, workers, init_from).run()
     finally:
         dp.close()
 
@@ -132,7 +134,7 @@ def _trainer(
         dp=dp,
         graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
         extracting=extraction_mode(),
-        initialize=None if init_from is None else lambda model: load_initial_weights(model, init_from),
+        initialize=None if init_from is None else initial_weights_loader(init_from, dp),
     )
 
 

@@ -86,12 +86,13 @@ def save_checkpoint(
     save_fn: Callable[[Any, str], None],
     is_master: bool = True,
     all_ranks_save: bool = True,
-    rank_file: tuple[int, dict] | None = None,
+    rank_file: tuple[int, dict] | dict[str, Any] | None = None,
     barrier: Callable[[], None] = lambda: None,
 ) -> Path | None:
     """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically.
     all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers). rank_file:
-    (rank, CPU state) this rank writes as its own file; every rank passes one, and `barrier` waits for all."""
+    what this rank writes of its own, (rank, CPU state) for its ZeRO-1 file, or {path in the checkpoint:
+    content} (JSON for *.json, else torch.save); every rank passes one, and `barrier` waits for all."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     partial = root / f".{checkpoint_name(step)}.partial"
@@ -100,9 +101,9 @@ def save_checkpoint(
         partial.mkdir()
     if rank_file is not None:
         barrier()  # the directory exists
-        path = partial / rank_file_name(rank_file[0])
-        torch.save(rank_file[1], path)
-        _fsync_path(path)
+        files = rank_file if isinstance(rank_file, dict) else {rank_file_name(rank_file[0]): rank_file[1]}
+        for name, content in files.items():
+            _write_rank_file(partial / name, content)
         barrier()  # every rank's file is on disk before the marker
     if not is_master and not all_ranks_save:
         return None
@@ -124,6 +125,15 @@ def save_checkpoint(
     for old in steps_to_prune(list(by_step), keep):
         shutil.rmtree(by_step[old], ignore_errors=True)
     return final
+
+
+def _write_rank_file(path: Path, content: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(content, indent=2, sort_keys=True))
+    else:
+        torch.save(content, path)
+    _fsync_path(path)
 
 
 def rank_file_name(rank: int) -> str:

@@ -31,6 +31,7 @@ class DataParallel:
     world: int = 1
     local_rank: int = 0
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT: how often torchrun restarted this group
+    replica_groups: list[list[int]] | None = None  # in-graph all-reduces over these groups (None: all workers)
     _group: Any = None  # gloo group for host tensors and objects
     _started: bool = False
 
@@ -121,7 +122,7 @@ class DataParallel:
         weight = torch.tensor(float(items)).to(device)
         mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=device)
         total = self.reduce_in_graph(params, weight)
-        return xm.all_reduce(xm.REDUCE_SUM, mean * weight) / total.clamp(min=1.0)
+        return xm.all_reduce(xm.REDUCE_SUM, mean * weight, groups=self.replica_groups) / total.clamp(min=1.0)
 
     def reduce_on_host(self, params: list[torch.Tensor], backend: Backend, stats: torch.Tensor) -> torch.Tensor:
         """After the micro-step sync: weighted all-reduce of the gradients through host copies, written back
@@ -177,9 +178,9 @@ class DataParallel:
         import torch_xla.core.xla_model as xm  # lazy: importing torch_xla starts a runtime
 
         grads = [p.grad for p in params]
-        total = xm.all_reduce(xm.REDUCE_SUM, items.clone())
+        total = xm.all_reduce(xm.REDUCE_SUM, items.clone(), groups=self.replica_groups)
         scaled = [g * items for g in grads]
-        xm.all_reduce(xm.REDUCE_SUM, scaled)
+        xm.all_reduce(xm.REDUCE_SUM, scaled, groups=self.replica_groups)
         for g, s in zip(grads, scaled):
             g.copy_(s / total.clamp(min=1.0))
         return total

@@ -16,6 +16,7 @@ from neurontrain.backend import resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
 from neurontrain.parallel.checkpointing import checkpoint_interval
+from neurontrain.parallel.tensor_parallel import to_tensor_parallel
 from neurontrain.recipe import Recipe
 
 
@@ -169,8 +170,10 @@ def model_dims(recipe: Recipe, config: Any) -> ModelDims:
 
 
 def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
-    """On CPU, seeded by train.seed so every backend starts from the same weights; its layers checkpointed as
-    train.activation_checkpointing says (so `run` and `precompile` trace the same graphs)."""
+    """On CPU, seeded by train.seed so every backend starts from the same weights; under parallel.tp > 1 its
+    layers then replaced by NxD's parallel layers holding this rank's shards of those weights (NxD's model
+    parallel state initialised before); its layers checkpointed as train.activation_checkpointing says (so
+    `run` and `precompile` trace the same graphs)."""
     spec = recipe.model
     torch.manual_seed(recipe.train.seed)
     cls = _auto_class(recipe)
@@ -181,6 +184,9 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
             model = cls.from_config(config, attn_implementation=spec.attn_implementation)
     except Exception as exc:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
+    tp = recipe.parallel.tp
+    if tp != "auto" and tp > 1:
+        to_tensor_parallel(model, tp)
     model.train()
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model

@@ -18,8 +18,9 @@ from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
-from neurontrain.loop.model import ModelDims, build_config, model_dims
+from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
 from neurontrain.parallel.memory_choice import MemoryPlan
+from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
@@ -50,7 +51,8 @@ class RunPlan:
     train_lengths_used: list[int]
     auto_estimate: dict | None = None
     notes: list[str] = field(default_factory=list)
-    world: int = 1
+    world: int = 1  # data-parallel workers (all the workers divided by tp)
+    tp: int = 1  # tensor-parallel degree (parallel.tp, or the memory planner's choice)
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
 
@@ -86,6 +88,12 @@ class RunPlan:
         """Whether a step is micro-step graphs plus an optimizer graph, rather than one graph: under gradient
         accumulation, and when the gradients are all-reduced on the host in between."""
         return self.recipe.train.grad_accum > 1 or self.host_reduce
+
+    @property
+    def saves_collectively(self) -> bool:
+        """Whether every worker calls the checkpoint save (xm.save is a collective where the xla backend spans
+        the workers; on XLA:CPU each worker's runtime is a world of one, so only worker 0 may call it)."""
+        return not reduces_on_host(self.backend)
 
     @property
     def step_kinds(self) -> list[str]:
@@ -147,7 +155,8 @@ class RunPlan:
             },
             "batches_per_epoch": self.batcher.batches_per_epoch(),
             "steps": r.train.max_steps,
-            "world_size": world,
+            "world_size": world * self.tp,
+            "tensor_parallel": self.tp,
             "per_worker_batch": r.data.batch_size,
             "grad_accum": r.train.grad_accum,
             "effective_batch": r.data.batch_size * r.train.grad_accum * world,
@@ -257,19 +266,24 @@ def _used_lengths(batcher: Batcher, recipe: Recipe, world: int, samples: int) ->
         raise UsageError(str(exc)) from None
 
 
-def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
-    recipe = with_world(recipe, world)
-    data = data or prepare_data(recipe)
-    config = build_config(recipe, data.tokenizer)
-    dims = model_dims(recipe, config)
+def _tp_pinned(recipe: Recipe, world: int) -> int:
+    """The recipe's parallel.tp when it is a number (1 for auto), checked against the number of workers."""
+    tp = recipe.parallel.tp if recipe.parallel.tp != "auto" else 1
+    if world % tp:
+        raise UsageError(f"parallel.tp: {tp} needs a multiple of {tp} workers (this run has {world})")
+    return tp
+
+
+@dataclass
+class _Batching:
+    batcher: Batcher
+    eval_batches: list[IndexBatch]
+    used: list[int]
+
+
+def _batching(recipe: Recipe, data: PreparedData, buckets: _Buckets, world: int) -> _Batching:
+    """The batch order for `world` data-parallel workers."""
     spec = recipe.data
-    notes: list[str] = []
-    if recipe.runtime.compiler_flags and backend != "neuron":
-        notes.append(
-            f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
-            f"runtime gets them where it is installed; {backend} never sees them"
-        )
-    buckets = _choose(recipe, backend, data, dims, notes)
     batcher = Batcher(
         lengths=tuple(data.train_lengths),
         batch_size=spec.batch_size * world,
@@ -284,26 +298,64 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         eval_batches = fixed_batches(
             data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets.lengths
         )
-    used = _used_lengths(batcher, recipe, world, len(data.train_lengths))
-    memory = plan_recipe_memory(recipe, config, backend, world, max(used))
+    return _Batching(batcher, eval_batches, _used_lengths(batcher, recipe, world, len(data.train_lengths)))
+
+
+def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[str]) -> Recipe:
+    """Refuse what tensor parallel cannot train here (before any worker starts). The final weights are the last
+    checkpoint's per-rank shards (no Hugging Face export: each worker holds only its shards): a checkpoint at
+    the last step, instead of model/."""
+    require_nxd(tp)
+    check_trainable(model_spec(meta_model(recipe, config), tp))
+    spec = recipe.checkpoint
+    every = spec.every or recipe.train.max_steps
+    notes.append(
+        "parallel.tp: the final weights are the last checkpoint's NxD shards (checkpoints/step_*/model/; "
+        "`checkpoint migrate --to gpu` merges them), not model/"
+    )
+    return recipe.model_copy(update={"checkpoint": spec.model_copy(update={"every": every, "save_final": False})})
+
+
+def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
+    """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
+    tp = _tp_pinned(recipe, world)
+    data = data or prepare_data(recipe)
+    config = build_config(recipe, data.tokenizer)
+    dims = model_dims(recipe, config)
+    notes: list[str] = []
+    if recipe.runtime.compiler_flags and backend != "neuron":
+        notes.append(
+            f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
+            f"runtime gets them where it is installed; {backend} never sees them"
+        )
+    buckets = _choose(with_world(recipe, world // tp), backend, data, dims, notes)
+    batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
+    memory = plan_recipe_memory(with_world(recipe, world // tp), config, backend, world, max(batching.used))
     if memory.enforced and not memory.fits:
         log.info(memory.table())
         memory.check()
+    if memory.choice.config.tp != tp:  # the planner chose tensor parallel: fewer data-parallel workers
+        tp = memory.choice.config.tp
+        batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
+    recipe = with_memory_choice(with_world(recipe, world // tp), memory)
+    if tp > 1:
+        recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
     return RunPlan(
-        recipe=with_memory_choice(recipe, memory),
+        recipe=recipe,
         backend=backend,
         data=data,
         config=config,
         dims=dims,
         buckets=buckets.lengths,
         bucket_mode=buckets.mode,
-        batcher=batcher,
-        eval_batches=eval_batches,
-        train_lengths_used=used,
+        batcher=batching.batcher,
+        eval_batches=batching.eval_batches,
+        train_lengths_used=batching.used,
         auto_estimate=buckets.estimate,
         notes=notes,
-        world=world,
-        host_reduce=world > 1 and reduces_on_host(backend),
+        world=world // tp,
+        tp=tp,
+        host_reduce=world // tp > 1 and reduces_on_host(backend),
         memory=memory,
     )
 

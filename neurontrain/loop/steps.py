@@ -7,6 +7,7 @@ discovery records is by construction the graph the loop compiles.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,12 +30,16 @@ def micro_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelD
 
 
 def optimizer_step(
-    params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler: Any, recipe: Recipe
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    recipe: Recipe,
+    clip: Callable[[list[torch.Tensor], float], Any] = torch.nn.utils.clip_grad_norm_,
 ) -> float:
-    """Clip, step, schedule and zero the gradients (kept as zero tensors, so every step has the same inputs).
-    Returns the learning rate the step used."""
+    """Clip (with `clip`: torch's, or NxD's under tensor parallel), step, schedule and zero the gradients (kept
+    as zero tensors, so every step has the same inputs). Returns the learning rate the step used."""
     if recipe.train.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, recipe.train.max_grad_norm)
+        clip(params, recipe.train.max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()

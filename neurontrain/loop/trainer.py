@@ -190,7 +190,7 @@ class Trainer:
             self.recipe.checkpoint.keep,
             self.backend.save,
             self.dp.is_master,
-            all_ranks_save=not self.plan.host_reduce,
+            all_ranks_save=self.plan.saves_collectively,
             rank_file=self.strategy.rank_state(),
             barrier=self.dp.barrier,
         )

@@ -41,6 +41,7 @@ from neurontrain.loop.optim import (
     moment_tensors,
 )
 from neurontrain.loop.planning import RunPlan
+from neurontrain.loop.tp_optim import TensorParallelAdamW
 from neurontrain.parallel.zero1_state import chunk, consolidate, rank_state, state_bytes, unchunk
 from neurontrain.recipe import Recipe
 
@@ -49,7 +50,9 @@ Strategy = Replicated  # the interface every optimizer strategy follows
 
 def build_strategy(plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> Strategy:
     """The optimizer of a run: ZeRO-1 when train.zero1 is true and there is more than one worker (with one,
-    there is nothing to shard), else replicated AdamW."""
+    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards."""
+    if plan.tp > 1:
+        return TensorParallelAdamW(plan, model, backend, dp)
     if plan.recipe.train.zero1 is True and plan.world > 1:
         if plan.host_reduce:
             return HostZero1(plan.recipe, model, backend, dp)

@@ -1,0 +1,72 @@
+"""`run --init-from DIR` under tensor parallel: each worker's starting shards.
+
+From NxD shards at the run's own TP degree (what `checkpoint migrate --to neuron --tp N` writes, or a TP run's
+checkpoint), each worker reads its own rank file, dp_rank_00_tp_rank_TT_pp_rank_00.pt, and splits its fused
+tensors (qkv, gate_up) back into the model's; from shards of another degree, or from any checkpoint `migrate`
+reads, the whole tensors are read and each worker keeps its piece, cut by `rules.shard` as migrate cuts it.
+Either way a worker holds what migrate would have written for its rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from neurontrain.checkpoint.initial import load_initial_weights, open_initial_weights
+from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
+from neurontrain.errors import UsageError
+from neurontrain.logs import get_logger
+from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.loop.tp_workers import TensorParallelWorkers
+from neurontrain.parallel.nxd_layout import rank_file, unfuse_rank
+from neurontrain.parallel.rules import rule_for, shard
+from neurontrain.parallel.tensor_parallel import model_spec
+
+log = get_logger(__name__)
+
+
+def initial_weights_loader(path: Path, workers: DataParallel) -> Callable[[torch.nn.Module], None]:
+    """What sets the starting weights of the model a worker built: whole tensors, or under tensor parallel
+    (`workers` a TensorParallelWorkers) the worker's shards."""
+    if isinstance(workers, TensorParallelWorkers):
+        return lambda model: load_initial_tp_weights(model, path, workers.tp, workers.tp_rank)
+    return lambda model: load_initial_weights(model, path)
+
+
+def _rank_pieces(model: torch.nn.Module, path: Path, tp: int, tp_rank: int) -> tuple[dict[str, torch.Tensor], str]:
+    spec = model_spec(model, tp)
+    names = list(spec.names)
+    if is_nxd_checkpoint(path):
+        reader = NxdReader(path)
+        if (reader.spec.tp, reader.spec.pp) == (tp, 1) and reader.spec.names == names:
+            try:
+                return unfuse_rank(spec, names, reader.rank_file_tensors(tp_rank, 0)), rank_file(tp_rank, 0)
+            except KeyError as missing:
+                raise UsageError(f"--init-from {path}: {rank_file(tp_rank, 0)} lacks {missing}") from None
+        source = reader
+    else:
+        source = open_initial_weights(path, model)
+    absent = [name for name in names if name not in source.keys()]
+    if absent:
+        raise UsageError(f"--init-from {path}: lacks {len(absent)} of the model's tensors (first: {absent[0]})")
+    pieces = {name: shard(spec, rule_for(spec, name), source.get(name), tp_rank) for name in names}
+    return pieces, f"whole tensors cut for tp rank {tp_rank} ({source.description})"
+
+
+def load_initial_tp_weights(model: torch.nn.Module, path: Path, tp: int, tp_rank: int) -> None:
+    """Replace this worker's shards (on the host) with its pieces of the checkpoint at `path`; every parameter
+    must be covered, with this rank's shapes. Values are cast to the model's dtypes."""
+    pieces, origin = _rank_pieces(model, path, tp, tp_rank)
+    params = dict(model.named_parameters())
+    for name, piece in pieces.items():
+        if tuple(piece.shape) != tuple(params[name].shape):
+            raise UsageError(
+                f"--init-from {path}: {name} is {list(piece.shape)} for tp rank {tp_rank} there and "
+                f"{list(params[name].shape)} in the run's model (is it the same model config?)"
+            )
+    with torch.no_grad():
+        for name, piece in pieces.items():
+            params[name].copy_(piece)
+    log.info(f"initial weights: {len(pieces)} tensors from {path} ({origin})")
