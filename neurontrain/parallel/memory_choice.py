@@ -55,7 +55,8 @@ def candidates(model: ModelShape, world: int, pins: Pins, tp_available: bool) ->
     levels = [ac for ac in AUTO_CHECKPOINTING if ac == "full" or int(ac.removeprefix("every_")) < model.layers]
     out: list[Config] = []
     for tp in tps:
-        sharded = pins.zero1 if pins.zero1 is not None else world // tp > 1
+        # ZeRO-1 is not combined with tensor parallel yet: `run` refuses train.zero1 with parallel.tp > 1
+        sharded = pins.zero1 if pins.zero1 is not None else world // tp > 1 and tp == 1
         stages = [(False, "none")] if pins.zero1 is not True else []
         stages += [(sharded, "none")] + [(sharded, ac) for ac in levels]
         for zero1, checkpointing in stages:
@@ -187,7 +188,7 @@ def what_would_help(model: ModelShape, work: Workload, target: Target, pins: Pin
     if pins.tp is None:
         for tp in (2**k for k in range(1, 6)):
             world = max(work.world, tp) // tp * tp
-            configs = [Config(zero1=world > tp, checkpointing=ac, tp=tp) for ac in checkpointing]
+            configs = [Config(zero1=False, checkpointing=ac, tp=tp) for ac in checkpointing]
             if sharding_spec(model, tp) and _first_fit(model, replace(work, world=world), target, configs):
                 helps.append(f"parallel.tp {tp} with neuronx-distributed ({world} workers)")
                 break
