@@ -71,12 +71,19 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
         log.info(f"Neuron runtime cache: {describe_location(location)}")
     plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
+    extract_instead = (
+        "Extract them with the runtime instead: neuron_parallel_compile neurontrain run RECIPE --nproc-per-node N "
+        "--set train.max_steps=K (run keeps nothing under extraction)"
+    )
+    if plan.tp > 1:
+        raise UsageError(
+            f"parallel.tp: {plan.tp}: each tensor-parallel rank's graphs hold collectives over its group, which one "
+            f"process cannot trace (not built yet). {extract_instead}"
+        )
     if plan.world > 1 and not plan.host_reduce:
         raise UsageError(
             f"{backend.name} reduces gradients inside the step graph: its data-parallel graphs hold a collective "
-            f"over {plan.world} workers, which one process cannot trace (not built yet). Extract them with the "
-            "runtime instead: neuron_parallel_compile neurontrain run RECIPE --nproc-per-node N --set "
-            "train.max_steps=K (run keeps nothing under extraction)"
+            f"over {plan.world} workers, which one process cannot trace (not built yet). {extract_instead}"
         )
     cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     report = precompile(plan, backend, cache.local, through_runtime=target == "neuron", workers=args.workers)

@@ -1,6 +1,7 @@
 """Bad input, in process: exit 2 and one readable line on stderr (the real-process path is checked by
 tests/integration/test_bad_input.py)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,15 @@ def test_precompile_and_cache_usage_errors(tmp_path: Path, cli):
     assert_one_line_usage_error(cli("cache"), "cache needs a command")
     assert_one_line_usage_error(cli("cache", "prune", "--older-than", "soon", "--cache", str(tmp_path)), "bad duration")
     assert_one_line_usage_error(cli("cache", "status", str(tmp_path / "missing.yaml")), "missing.yaml")
+
+
+def test_precompile_refuses_tensor_parallel(tmp_path: Path, cli, monkeypatch):
+    monkeypatch.syspath_prepend(str(RECIPES.parent / "tests" / "standin" / "nxd"))  # NxD's interface, for the plan
+    tp2 = ["--nproc-per-node", "2", "--set", "parallel.tp=2", "--cache", str(tmp_path)]
+    try:
+        assert_one_line_usage_error(
+            cli("precompile", str(RECIPES / "tiny-llama-clm.yaml"), *tp2), "one process cannot trace"
+        )
+    finally:  # later tests must not find the stand-in imported
+        for name in [m for m in sys.modules if m.split(".")[0] == "neuronx_distributed"]:
+            del sys.modules[name]
