@@ -1,17 +1,30 @@
 """Memory-scaled training at 2 workers: plain data parallelism vs ZeRO-1 vs activation checkpointing vs both, on a
-~32 M-parameter Llama (generated config and text, no download). Prints one JSON object.
+30.2 M-parameter Llama (generated config and text, no download). Prints one JSON object.
 
-    python benchmarks/memory_scaling.py [--steps 12] [--rounds 2]
+    python benchmarks/memory_scaling.py [--steps 10] [--rounds 3]
 
-For each configuration: per-worker device bytes by category from the live tensors the trainer holds
-(summary.json `device_bytes`), the largest graph's temporaries and total from XLA's own buffer assignment
-(`--xla_dump_to`: the `*memory-usage-report.txt` XLA writes for each compiled module), the planner's estimate of
-the same configuration (`run --dry-run`), the steady step time as a ratio to plain DP (medians over alternating
-rounds), the largest relative loss difference to DP, and graphs compiled per run.
+Each configuration is a `neurontrain run --nproc-per-node 2` in a fresh process; the rounds alternate the
+configurations (each round in a rotated order), so machine noise hits all of them. For each configuration:
 
-XLA:CPU removes the optimization barriers activation checkpointing inserts before it schedules, so on this
-platform checkpointing shows in the HLO (barriers) and in losses, hardly in the buffer assignment: the saving is a
-Neuron-side figure. ZeRO-1's saving is in the live optimizer state and shows here.
+- `live_bytes_per_rank`: every worker's bytes of the live device tensors by the planner's categories
+  (summary.json `device_bytes`: parameters, gradients, AdamW moments, ZeRO-1 master chunks), beside
+  `planner_bytes_per_rank`, the memory planner's estimate of the same configuration by category;
+- `xla_graphs`: for each compiled graph (in compile order, named by the plan's graph keys), XLA's own buffer
+  assignment (`--xla_dump_to`, first round): total bytes, the graph's inputs (device tensors that live anyway),
+  the preallocated temporaries (where activations live) and the rest (outputs, constants); and the number of
+  optimization barriers in the HLO before and after XLA:CPU's optimizations;
+- `step_time_vs_dp`: steady step time (the logged steps after step 2) as a ratio to plain DP, the median over
+  the rounds of each round's ratio of medians;
+- `max_loss_rel_diff_vs_dp`: the largest relative difference of any step's loss to DP in the same round;
+- compilations, distinct graphs and compilations after step 2 (none: no graph per step beyond the plan's).
+
+Measured on a 2-core XLA:CPU machine shared with other work (8 steps, 3 rounds, per-worker micro-batch 2 x 128,
+accumulation 2): live parameters and gradients 115.3 MiB each on every worker in every configuration; AdamW
+moments 230.5 MiB under DP and 115.3 MiB under ZeRO-1 (plus its 57.6 MiB fp32 master chunks): every live figure
+equals the planner's. The micro-step graph's XLA temporaries shrink by only a few percent with full checkpointing,
+where the planner counts 15.4 MiB of activations falling to 1.5 MiB: XLA:CPU removes the optimization barriers
+before scheduling (10 in the HLO before optimization, 0 after), so the recompute merges back into the forward pass
+and the saving is a Neuron-side figure. The full table is in the README ("Memory scaling benchmark").
 """
 
 from __future__ import annotations
@@ -26,7 +39,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from neurontrain.loop.planning import make_plan
+from neurontrain.recipe import load_recipe
+
 REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "tiny-llama-clm.yaml"
 MODEL = {
     "model_type": "llama",
     "hidden_size": 512,
@@ -37,23 +54,25 @@ MODEL = {
     "max_position_embeddings": 256,
     "tie_word_embeddings": False,
 }
+WORKERS, BATCH, LENGTH, ACCUM = 2, 2, 128, 2
 CONFIGURATIONS = {
     "dp": ["train.zero1=false", "train.activation_checkpointing=none"],
     "zero1": ["train.zero1=true", "train.activation_checkpointing=none"],
     "checkpointing": ["train.zero1=false", "train.activation_checkpointing=full"],
     "zero1+checkpointing": ["train.zero1=true", "train.activation_checkpointing=full"],
 }
+ALLOCATION = re.compile(r"^allocation \d+: size (\d+), ([a-z-]+)", re.MULTILINE)
 
 
 def base_settings(steps: int) -> list[str]:
     return [
         f"model.config={json.dumps(MODEL)}",
-        "data.max_length=128",
-        "data.buckets=[128]",
-        "data.batch_size=2",
+        f"data.max_length={LENGTH}",
+        f"data.buckets=[{LENGTH}]",
+        f"data.batch_size={BATCH}",
         "data.train_samples=400",
         "data.eval_samples=0",
-        "train.grad_accum=2",
+        f"train.grad_accum={ACCUM}",
         f"train.max_steps={steps}",
         "train.log_every=1",
         "train.schedule.warmup_steps=1",
@@ -62,87 +81,127 @@ def base_settings(steps: int) -> list[str]:
     ]
 
 
-def neurontrain(args: list[str], settings: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    recipe = REPO / "recipes" / "tiny-llama-clm.yaml"
-    cmd = [sys.executable, "-m", "neurontrain", *args, str(recipe), *(w for s in settings for w in ("--set", s))]
+def run(settings: list[str], out: Path, dump: Path | None) -> None:
+    """`neurontrain run` at WORKERS workers; with `dump`, XLA writes every compiled module there."""
+    sets = [w for s in settings for w in ("--set", s)]
+    cmd = [sys.executable, "-m", "neurontrain", "run", str(RECIPE), "-o", str(out), "--no-preflight"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if dump is not None:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
     done = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        [*cmd, "--nproc-per-node", str(WORKERS), *sets], cwd=REPO, capture_output=True, text=True, env=env
     )
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return done
+        raise SystemExit(f"run {out.name} failed:\n{done.stderr[-3000:]}")
 
 
-def xla_buffer_assignment(dump: Path) -> dict:
-    """The largest compiled graph by XLA's buffer assignment: total bytes, and the part that is neither an
-    input (parameter) nor an output (live-out): temporaries, where activations live."""
-    largest = {"total_bytes": 0, "temp_bytes": 0}
-    for report in dump.glob("*memory-usage-report.txt"):
-        text = report.read_text()
-        total = int(re.search(r"Total bytes used: (\d+)", text).group(1))
-        sizes = re.findall(r"allocation \d+: size ([\d.]+)(B|KiB|MiB|GiB), (\S+)", text)
-        scale = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-        temp = sum(float(n) * scale[u] for n, u, kind in sizes if kind.startswith("preallocated-temp"))
-        if total > largest["total_bytes"]:
-            largest = {"total_bytes": total, "temp_bytes": int(temp)}
-    return largest
-
-
-def planner_estimate(settings: list[str]) -> dict:
-    plan = json.loads(neurontrain(["run", "--dry-run", "--nproc-per-node", "2"], settings).stdout)
-    return plan["memory"]
-
-
-def train(settings: list[str], out: Path) -> dict:
-    dump = out / "xla-dump"
-    neurontrain(
-        ["run", "-o", str(out), "--no-preflight", "--nproc-per-node", "2"],
-        settings,
-        env={"XLA_FLAGS": f"--xla_dump_to={dump}"},
-    )
-    summary = json.loads((out / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["loss"] for r in records if "loss" in r]
-    tokens = [r["tokens_per_second"] for r in records if "loss" in r and r["step"] > 2]
+def buffer_assignment(module: str, dump: Path) -> dict:
+    """One compiled module's buffer assignment by kind of allocation (exact bytes), and its optimization barriers
+    before and after XLA's optimizations. Both workers compile the same modules under the same names."""
+    report = (dump / f"{module}.cpu_after_optimizations-memory-usage-report.txt").read_text()
+    assignment = (dump / f"{module}.cpu_after_optimizations-buffer-assignment.txt").read_text()
+    by_kind: dict[str, int] = {}
+    for size, kind in ALLOCATION.findall(assignment):
+        by_kind[kind] = by_kind.get(kind, 0) + int(size)
+    total = int(re.search(r"Total bytes used: (\d+)", report).group(1))
+    inputs, temp = by_kind.get("parameter", 0), by_kind.get("preallocated-temp", 0)
+    before = (dump / f"{module}.before_optimizations.txt").read_text()
+    after = (dump / f"{module}.cpu_after_optimizations.txt").read_text()
     return {
-        "losses": losses,
-        "steady_tokens_per_second": statistics.median(tokens),
+        "total": total,
+        "inputs": inputs,
+        "temp": temp,
+        "other": total - inputs - temp,
+        "opt_barriers_before": before.count(" opt-barrier("),
+        "opt_barriers_after": after.count(" opt-barrier("),
+    }
+
+
+def xla_graphs(dump: Path, keys: list[str]) -> dict[str, dict]:
+    """Each compiled module's buffer assignment, in compile order, named by the plan's graph keys (the loop
+    compiles them in the plan's order: set-up, micro-step, optimizer)."""
+    suffix = ".cpu_after_optimizations-memory-usage-report.txt"
+    modules = sorted(p.name[: -len(suffix)] for p in dump.glob(f"*{suffix}"))
+    if len(modules) != len(keys):
+        keys = modules  # not the plan's graphs one to one: name them by XLA's module names
+    return {key: buffer_assignment(module, dump) for key, module in zip(keys, modules)}
+
+
+def train_records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def step_seconds(out: Path) -> list[float]:
+    """Seconds of each logged step after step 2 (steps 1-2 compile): the step's real tokens (its slots less the
+    logged padding fraction) over its logged tokens a second."""
+    slots = WORKERS * BATCH * LENGTH * ACCUM
+    return [slots * (1 - r["padding_fraction"]) / r["tokens_per_second"] for r in train_records(out) if r["step"] > 2]
+
+
+def train(settings: list[str], out: Path, dump: Path | None, keys: list[str]) -> dict:
+    run(settings, out, dump)
+    summary = json.loads((out / "summary.json").read_text())
+    records = train_records(out)
+    at_step_2 = next(r["compilations"] for r in records if r["step"] == 2)
+    return {
+        "losses": [r["loss"] for r in records],
+        "step_seconds": statistics.median(step_seconds(out)),
+        "live_bytes_per_rank": summary["device_bytes"],
         "compilations": summary["compilations"],
+        "compilations_after_step_2": summary["compilations"] - at_step_2,
+        "distinct_graphs": summary["distinct_graphs"],
         "unexpected_graphs": summary["unexpected_graphs"],
-        "optimizer_bytes": summary.get("optimizer_bytes"),
-        "xla_largest_graph": xla_buffer_assignment(dump),
+        "hidden_host_syncs": len(summary["hidden_host_syncs"]),
+        "xla_graphs": xla_graphs(dump, keys) if dump is not None else None,
     }
 
 
 def max_relative_difference(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def planned(settings: list[str]) -> tuple[dict, list[str], int]:
+    """The planner's bytes a worker for the configuration, the plan's graph keys, the model's parameters."""
+    plan = make_plan(load_recipe(RECIPE, settings), "xla-cpu", world=WORKERS)
+    keys = ["-".join(str(part) for part in key) for key in plan.expected_graphs()]
+    return plan.memory.choice.bytes, keys, plan.dims.n_params
+
+
+def summarize(name: str, rounds: list[dict], dp: list[dict], plan: dict) -> dict:
+    first = rounds[0]
+    ratios = [r["step_seconds"] / d["step_seconds"] for r, d in zip(rounds, dp, strict=True)]
+    return {
+        "step_time_vs_dp": round(statistics.median(ratios), 3),
+        "step_time_vs_dp_by_round": [round(x, 3) for x in ratios],
+        "median_step_seconds": round(statistics.median(r["step_seconds"] for r in rounds), 2),
+        "max_loss_rel_diff_vs_dp": max(max_relative_difference(r["losses"], d["losses"]) for r, d in zip(rounds, dp)),
+        **{k: first[k] for k in ("compilations", "compilations_after_step_2", "distinct_graphs", "unexpected_graphs")},
+        "hidden_host_syncs": first["hidden_host_syncs"],
+        "live_bytes_per_rank": first["live_bytes_per_rank"],
+        "planner_bytes_per_rank": plan,
+        "xla_graphs": first["xla_graphs"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     settings = {name: base_settings(args.steps) + extra for name, extra in CONFIGURATIONS.items()}
-    runs: dict[str, list[dict]] = {name: [] for name in CONFIGURATIONS}
+    plans = {name: planned(s) for name, s in settings.items()}
+    names = list(CONFIGURATIONS)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.rounds):  # alternate the contenders, so machine noise hits all of them
-            for name in CONFIGURATIONS:
-                runs[name].append(train(settings[name], Path(tmp) / f"{name}-{i}"))
-    dp_speed = statistics.median(r["steady_tokens_per_second"] for r in runs["dp"])
-    report = {}
-    for name, rounds in runs.items():
-        speed = statistics.median(r["steady_tokens_per_second"] for r in rounds)
-        report[name] = {
-            "step_time_vs_dp": round(dp_speed / speed, 3),
-            "max_loss_rel_diff_vs_dp": max_relative_difference(rounds[0]["losses"], runs["dp"][0]["losses"]),
-            "compilations": rounds[0]["compilations"],
-            "unexpected_graphs": rounds[0]["unexpected_graphs"],
-            "optimizer_bytes_per_worker": rounds[0]["optimizer_bytes"],
-            "xla_largest_graph": rounds[0]["xla_largest_graph"],
-            "planner": planner_estimate(settings[name]),
-        }
-    print(json.dumps({"steps": args.steps, "rounds": args.rounds, "workers": 2, "configurations": report}, indent=2))
+        for i in range(args.rounds):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                out = Path(tmp) / f"{name}-{i}"
+                dump = out / "xla-dump" if i == 0 else None
+                runs[name].append(train(settings[name], out, dump, plans[name][1]))
+                print(f"round {i + 1} {name}: {runs[name][-1]['step_seconds']:.2f} s a step", file=sys.stderr)
+    report = {name: summarize(name, runs[name], runs["dp"], plans[name][0]) for name in names}
+    head = {"parameters": plans["dp"][2], "workers": WORKERS, "micro_batch": [BATCH, LENGTH], "grad_accum": ACCUM}
+    print(json.dumps({**head, "steps": args.steps, "rounds": args.rounds, "configurations": report}, indent=2))
 
 
 if __name__ == "__main__":
