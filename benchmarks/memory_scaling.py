@@ -18,13 +18,18 @@ configurations (each round in a rotated order), so machine noise hits all of the
 - `max_loss_rel_diff_vs_dp`: the largest relative difference of any step's loss to DP in the same round;
 - compilations, distinct graphs and compilations after step 2 (none: no graph per step beyond the plan's).
 
-Measured on a 2-core XLA:CPU machine shared with other work (8 steps, 3 rounds, per-worker micro-batch 2 x 128,
-accumulation 2): live parameters and gradients 115.3 MiB each on every worker in every configuration; AdamW
-moments 230.5 MiB under DP and 115.3 MiB under ZeRO-1 (plus its 57.6 MiB fp32 master chunks): every live figure
-equals the planner's. The micro-step graph's XLA temporaries shrink by only a few percent with full checkpointing,
-where the planner counts 15.4 MiB of activations falling to 1.5 MiB: XLA:CPU removes the optimization barriers
-before scheduling (10 in the HLO before optimization, 0 after), so the recompute merges back into the forward pass
-and the saving is a Neuron-side figure. The full table is in the README ("Memory scaling benchmark").
+Measured on 2 XLA:CPU cores shared with other work (10 steps, 3 rounds, per-worker micro-batch 2 x 128,
+accumulation 2; MiB per worker): parameters and gradients 115.3 each in every configuration, AdamW moments
+230.5 under DP and 115.3 under ZeRO-1 (plus 57.6 of fp32 master chunks), each equal to the planner's figure to
+the byte. Full checkpointing cuts the planner's activations from 110.0 to 16.0 but XLA's micro-step temporaries
+only from 130.1 to 116.6: XLA:CPU removes the 10 optimization barriers (counted in the HLO before its
+optimizations, none after) before scheduling, so the recompute merges back into the forward pass and the saving
+is a Neuron-side figure. Under DP the optimizer graph's 237.9 of temporaries, which the planner does not count,
+make it the largest graph (698.9 during it, against the planner's 571.2 without the runtime share); ZeRO-1's
+peak is 533.5. Step time vs DP (median of the rounds' ratios): ZeRO-1 1.25, checkpointing 1.23, both 1.36, on a
+loaded machine (noisy). Losses: ZeRO-1 within 7.9e-8 relative of DP, checkpointing bit-identical. Every
+configuration compiles its 3 planned graphs, none after step 2. The table is in the README ("Memory scaling
+benchmark").
 """
 
 from __future__ import annotations
@@ -167,8 +172,17 @@ def planned(settings: list[str]) -> tuple[dict, list[str], int]:
     return plan.memory.choice.bytes, keys, plan.dims.n_params
 
 
-def summarize(name: str, rounds: list[dict], dp: list[dict], plan: dict) -> dict:
+def peak_bytes(live: dict[str, int], graphs: dict[str, dict]) -> dict[str, int]:
+    """A worker's device bytes while each training graph runs: its live tensors (the graph's inputs among them)
+    plus the graph's temporaries and new outputs, by XLA's buffer assignment. The set-up graph is left out: it
+    creates the gradients and moments that the live figures already hold."""
+    held = sum(live.values())
+    return {key: held + g["temp"] + g["other"] for key, g in graphs.items() if key != "setup"}
+
+
+def summarize(rounds: list[dict], dp: list[dict], plan: dict) -> dict:
     first = rounds[0]
+    during = peak_bytes(first["live_bytes_per_rank"][0], first["xla_graphs"])
     ratios = [r["step_seconds"] / d["step_seconds"] for r, d in zip(rounds, dp, strict=True)]
     return {
         "step_time_vs_dp": round(statistics.median(ratios), 3),
@@ -180,6 +194,9 @@ def summarize(name: str, rounds: list[dict], dp: list[dict], plan: dict) -> dict
         "live_bytes_per_rank": first["live_bytes_per_rank"],
         "planner_bytes_per_rank": plan,
         "xla_graphs": first["xla_graphs"],
+        "bytes_during_graph_per_rank": during,
+        "peak_bytes_per_rank": max(during.values()),
+        "planner_total_without_runtime": sum(v for k, v in plan.items() if k != "runtime"),
     }
 
 
@@ -199,7 +216,7 @@ def main() -> None:
                 dump = out / "xla-dump" if i == 0 else None
                 runs[name].append(train(settings[name], out, dump, plans[name][1]))
                 print(f"round {i + 1} {name}: {runs[name][-1]['step_seconds']:.2f} s a step", file=sys.stderr)
-    report = {name: summarize(name, runs[name], runs["dp"], plans[name][0]) for name in names}
+    report = {name: summarize(runs[name], runs["dp"], plans[name][0]) for name in names}
     head = {"parameters": plans["dp"][2], "workers": WORKERS, "micro_batch": [BATCH, LENGTH], "grad_accum": ACCUM}
     print(json.dumps({**head, "steps": args.steps, "rounds": args.rounds, "configurations": report}, indent=2))
 
