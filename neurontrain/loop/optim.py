@@ -119,11 +119,30 @@ class Replicated:
         self.optimizer.load_state_dict(plain)
         self.scheduler.load_state_dict(scheduler)
 
-    def memory(self) -> dict[str, int]:
-        """Bytes of optimizer state on this worker, from the live tensors."""
-        return {"optimizer_state": state_bytes(moment_tensors(self.optimizer)), "master_weights": 0}
+    def memory(self, model: torch.nn.Module) -> dict[str, int]:
+        """Bytes this worker holds on the device, by the memory planner's categories (`device_bytes`)."""
+        return device_bytes(model, self.backend.device, moment_tensors(self.optimizer), masters=[])
 
 
 def moment_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """The per-parameter state tensors (AdamW's moments; its scalar step counts not included)."""
     return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+
+
+def device_bytes(
+    model: torch.nn.Module, device: torch.device, moments: list[torch.Tensor], masters: list[torch.Tensor]
+) -> dict[str, int]:
+    """Bytes of the live tensors on `device` by the memory planner's categories: the model's parameters (tied
+    ones once) and their gradients, the optimizer's moments, and the fp32 master copies ZeRO-1 steps. Reads
+    shapes and dtypes only: no transfer, no sync."""
+    params = list(model.parameters())
+
+    def on_device(tensors: list[torch.Tensor | None]) -> int:
+        return state_bytes([t for t in tensors if t is not None and t.device == device])
+
+    return {
+        "parameters": on_device(params),
+        "gradients": on_device([p.grad for p in params]),
+        "optimizer": on_device(moments),
+        "master": on_device(masters),
+    }

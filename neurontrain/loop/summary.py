@@ -49,7 +49,7 @@ class RunSummary:
     wall_seconds: float  # seconds from set-up to the end of the loop
     eval_loss: float | None = None  # loss of the last evaluation, when the recipe evaluates
     eval_accuracy: float | None = None  # accuracy of the last evaluation (sequence classification)
-    optimizer_bytes: list[dict] = field(default_factory=list)  # per worker: AdamW moment and master-copy bytes
+    device_bytes: list[dict] = field(default_factory=list)  # per worker: live device-tensor bytes by planner category
     compile_cache: dict | None = None  # what run pulled from and pushed to the compile cache, when it moved anything
     neuron_cache: dict | None = None  # on Neuron: runtime cache root, modules compiled at run time, cache hits
 

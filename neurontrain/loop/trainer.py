@@ -232,7 +232,7 @@ class Trainer:
             wall_seconds=wall,
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
-            optimizer_bytes=self.dp.all_gather_object(self.strategy.memory()),
+            device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),
         )
         if self.writes:
             summary.write(self.output_dir)

@@ -37,12 +37,13 @@ from neurontrain.loop.optim import (
     build_adamw,
     build_optimizer,
     build_scheduler,
+    device_bytes,
     materialize_optimizer_state,
     moment_tensors,
 )
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.tp_optim import TensorParallelAdamW
-from neurontrain.parallel.zero1_state import chunk, consolidate, rank_state, state_bytes, unchunk
+from neurontrain.parallel.zero1_state import chunk, consolidate, rank_state, unchunk
 from neurontrain.recipe import Recipe
 
 Strategy = Replicated  # the interface every optimizer strategy follows
@@ -186,11 +187,8 @@ class HostZero1(Replicated):
             self.chunks[j].data = value
         self.scheduler.load_state_dict(scheduler)
 
-    def memory(self) -> dict[str, int]:
-        return {
-            "optimizer_state": state_bytes(moment_tensors(self.optimizer)),
-            "master_weights": state_bytes(self.chunks),
-        }
+    def memory(self, model: torch.nn.Module) -> dict[str, int]:
+        return device_bytes(model, self.backend.device, moment_tensors(self.optimizer), masters=self.chunks)
 
 
 class InGraphZero1(Replicated):
@@ -285,10 +283,7 @@ class InGraphZero1(Replicated):
         self.optimizer.load_state_dict(mine)
         self.scheduler.load_state_dict(scheduler)
 
-    def memory(self) -> dict[str, int]:
+    def memory(self, model: torch.nn.Module) -> dict[str, int]:
         base = self.optimizer.base_optimizer
         shards = [p for g in base.param_groups for p in g["params"]]
-        return {
-            "optimizer_state": state_bytes(moment_tensors(base)),
-            "master_weights": state_bytes(shards),
-        }
+        return device_bytes(model, self.backend.device, moment_tensors(base), masters=shards)

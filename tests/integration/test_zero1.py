@@ -10,7 +10,9 @@ import pytest
 import torch
 from conftest import RECIPES, read_json, read_metrics, run_cli, run_killing_a_worker
 
+from neurontrain.loop.planning import make_plan
 from neurontrain.parallel.zero_layout import shard_shape
+from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -73,16 +75,26 @@ def test_zero1_losses_equal_data_parallel(runs):
     assert abs(z["eval_loss"] - d["eval_loss"]) < 1e-5 * d["eval_loss"]
 
 
+def _planned_bytes(*settings: str) -> dict[str, int]:
+    """The memory planner's bytes per worker for the runs' recipe at 2 workers (no torch-xla runtime)."""
+    overrides = [a for a in (*ARGS[1:], *settings) if a != "--set"]
+    return make_plan(load_recipe(LLAMA, overrides), "xla-cpu", world=2).memory.choice.bytes
+
+
 def test_each_worker_holds_half_the_optimizer_state(runs):
-    """Measured on each worker from its live tensors: AdamW's moments for its chunks only (plus the
-    padding of odd first dimensions), and one fp32 master copy of the chunks."""
-    zero1 = read_json(runs["zero1"] / "summary.json")["optimizer_bytes"]
-    dp = read_json(runs["dp"] / "summary.json")["optimizer_bytes"]
-    print(f"optimizer bytes per worker: ZeRO-1 {zero1}, DP {dp}")
+    """Measured on each worker from its live device tensors: the full parameters and gradients, AdamW's moments
+    for its chunks only (plus the padding of odd first dimensions), and one fp32 master copy of the chunks;
+    each the memory planner's figure exactly."""
+    zero1 = read_json(runs["zero1"] / "summary.json")["device_bytes"]
+    dp = read_json(runs["dp"] / "summary.json")["device_bytes"]
+    print(f"device bytes per worker: ZeRO-1 {zero1}, DP {dp}")
     assert len(zero1) == len(dp) == 2 and zero1[0] == zero1[1] and dp[0] == dp[1]
-    assert dp[0]["master_weights"] == 0
-    assert 0.5 <= zero1[0]["optimizer_state"] / dp[0]["optimizer_state"] < 0.51
-    assert zero1[0]["master_weights"] * 2 == zero1[0]["optimizer_state"]  # one fp32 copy beside two moments
+    assert dp[0]["master"] == 0
+    assert 0.5 <= zero1[0]["optimizer"] / dp[0]["optimizer"] < 0.51
+    assert zero1[0]["master"] * 2 == zero1[0]["optimizer"]  # one fp32 copy beside two moments
+    assert zero1[0]["parameters"] == zero1[0]["gradients"] == dp[0]["parameters"] == dp[0]["gradients"]
+    for live, planned in ((zero1[0], _planned_bytes("train.zero1=true")), (dp[0], _planned_bytes("train.zero1=false"))):
+        assert live == {k: planned[k] for k in ("parameters", "gradients", "optimizer", "master")}
 
 
 def test_checkpoints_hold_equal_parameters_and_torch_xla_rank_states(runs):
