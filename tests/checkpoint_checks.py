@@ -33,6 +33,9 @@ def assert_moments(back, expected):
     for name, moments in expected.items():
         for moment in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(moments[moment], restored["state"][by_name[name]][moment]), (name, moment)
+    # AdamW adds to each parameter's tensor step in place: two parameters sharing one would count twice
+    steps = [s["step"] for s in restored["state"].values() if isinstance(s.get("step"), torch.Tensor)]
+    assert len({t.untyped_storage().data_ptr() for t in steps}) == len(steps)
 
 
 def moments_by_name(model, optimizer):

@@ -152,7 +152,8 @@ class NxdReader:
                         piece = split_fused(spec, "qkv" if rule in ("q", "k", "v") else "gate_up", piece)[rule]
                     pieces.append(piece)
                 state[moment] = merge(spec, rule, pieces)
-            state["step"] = per_file[(0, stage)][target]["step"]
+            # a copy for each member of a fused group: AdamW adds to a tensor step in place, once per parameter
+            state["step"] = torch.as_tensor(per_file[(0, stage)][target]["step"]).clone()
             out[name] = state
         return out
 

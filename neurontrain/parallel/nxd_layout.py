@@ -89,6 +89,6 @@ def unfuse_moments(
         for name, tensor in unfuse_rank(spec, names, {t: state[kind] for t, state in fused.items()}).items():
             out[name][kind] = tensor
     for target, members in fused_groups(spec, names).items():
-        for name, _ in members:
-            out[name]["step"] = fused[target]["step"]
+        for name, _ in members:  # a copy each: AdamW increments a tensor step in place, once per parameter
+            out[name]["step"] = torch.as_tensor(fused[target]["step"]).clone()
     return out

@@ -6,6 +6,7 @@ the unsharded run's weights. The starting weights are not the ones the recipe's 
 them would not agree."""
 
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
 STANDIN = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "standin" / "nxd"), os.environ.get("PYTHONPATH", "")])}
-SETTINGS = ["train.log_every=1", "train.schedule.warmup_steps=1", "train.max_steps=3", "checkpoint.every=3"]
+SETTINGS = ["train.log_every=1", "train.schedule.warmup_steps=1", "train.max_steps=3", "checkpoint.every=2"]
 SETTINGS += ["data.train_samples=64", "data.max_length=64", "data.buckets=[64]", "train.max_grad_norm=0.1"]
 ARGS = [
     "--no-preflight",
@@ -86,3 +87,26 @@ def test_tp2_checkpoint_is_nxd_layout_of_the_same_weights(runs):
     assert worst < 1e-3  # AdamW steps of lr 3e-3: a wrong shard or merge is off by the weights' own size
     assert merged.optimizer_state() is not None
     assert not (root / "tp2" / "model").exists()  # no Hugging Face export of shards
+
+
+def test_tp2_restart_resumes_from_each_ranks_own_files(runs, tmp_path):
+    """The TP run restarted after step 2 (its step-3 checkpoint gone) loads each rank's shards and AdamW state
+    back from its own files and ends at the same step-3 loss and shards, bit for bit."""
+    first, again = runs["root"] / "tp2", tmp_path / "tp2"
+    shutil.copytree(first, again)
+    shutil.rmtree(again / "checkpoints" / "step_00000003")
+    (again / "summary.json").unlink()
+    losses = _run(again, *TP2, "--init-from", str(runs["root"] / "start_tp2"), env=STANDIN)
+    assert read_json(again / "summary.json")["resumed_from_step"] == 2
+    assert losses[3] == runs["tp2"][3]
+    for rank in range(2):
+        name = f"dp_rank_00_tp_rank_{rank:02d}_pp_rank_00.pt"
+        for part in ("model", "optim"):
+            a, b = (torch.load(d / "checkpoints" / "step_00000003" / part / name) for d in (first, again))
+            assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a), (rank, part)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b

@@ -50,6 +50,10 @@ def test_adamw_state_fuses_and_splits_back():
     back = unfuse_moments(spec, NAMES, fused)
     for name in NAMES:
         assert all(torch.equal(back[name][k], state[name][k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    # AdamW adds to a tensor step in place: the members of a fused group must not share one
+    steps = [back[f"model.layers.0.mlp.{p}_proj.weight"]["step"] for p in ("gate", "up")]
+    steps[0] += 1
+    assert steps[1] == 3.0
 
 
 def test_tp_above_the_kv_heads_is_refused_in_one_line():
