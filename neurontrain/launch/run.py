@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from neurontrain.backend import Backend, backend_for, resolve_backend_name
-from neurontrain.checkpoint.initial import load_initial_weights
+from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -30,10 +30,10 @@ log = get_logger(__name__)
 
 
 def train_single(
-    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None
+    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: InitialCheckpoint | None = None
 ) -> RunSummary:
     """Train in this process; returns the summary (also in output_dir/summary.json unless extracting).
-    init_from: a checkpoint to take the starting weights from."""
+    init_from: a checkpoint to take the starting weights (and optimizer state) from."""
     backend = backend_for(recipe.runtime)
     cache = resolve_cache(recipe.runtime.compile_cache)
     location = attach_runtime(cache, recipe.runtime)
@@ -79,7 +79,9 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     return summary
 
 
-def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None) -> None:
+def train_as_worker(
+    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: InitialCheckpoint | None = None
+) -> None:
     """One worker of a torchrun group (the launcher pulled the cache and prints the summary)."""
     dp = DataParallel.from_env()
     backend = backend_for(recipe.runtime)
@@ -122,7 +124,7 @@ def _trainer(
     output_dir: Path,
     manifest: set[str] | None,
     dp: DataParallel,
-    init_from: Path | None = None,
+    init_from: InitialCheckpoint | None = None,
 ) -> Trainer:
     return Trainer(
         plan,
@@ -132,7 +134,8 @@ def _trainer(
         dp=dp,
         graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
         extracting=extraction_mode(),
-        initialize=None if init_from is None else lambda model: load_initial_weights(model, init_from),
+        initialize=None if init_from is None else init_from.load_weights,
+        initialize_optimizer=None if init_from is None else init_from.load_optimizer,
     )
 
 
