@@ -94,7 +94,8 @@ class Trainer:
 
     def _set_up(self) -> None:
         """The model on the device (with a checkpoint's weights when resuming), AdamW and its schedule with
-        their state created and synced (the ("setup",) graph), the step log and the data stream."""
+        their state created and synced (the ("setup",) graph), then a checkpoint's optimizer state loaded, the
+        step log and the data stream."""
         recipe, backend = self.recipe, self.backend
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model = build_model(recipe, self.plan.config)
@@ -104,11 +105,6 @@ class Trainer:
             self.initialize(self.model)
         self.model.to(device)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
-        if self._restored is not None:
-            restored = self._restored
-            self.strategy.load(restored.optimizer, restored.scheduler, restored.checkpoint)
-        elif self.initialize_optimizer is not None:
-            self.initialize_optimizer(self.strategy, self.model)
         self._compiles_at_start = backend.compile_count()
         self._compile_seconds_at_start = backend.compile_seconds()
         self.guard = RecompilationGuard(
@@ -120,6 +116,13 @@ class Trainer:
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
+        # Saved optimizer state replaces the fresh state after the set-up sync, as device data: the set-up graph
+        # stays the one precompile records, and the step graphs see their state as in discovery.
+        if self._restored is not None:
+            restored = self._restored
+            self.strategy.load(restored.optimizer, restored.scheduler, restored.checkpoint)
+        elif self.initialize_optimizer is not None:
+            self.initialize_optimizer(self.strategy, self.model)
         resumed_at = self.start_step if self._restored is not None else None
         self.log = StepLog(
             MetricsWriter(self.output_dir, resumed_at, write=self.writes),

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from conftest import RECIPES, read_metrics, run_cli
+from conftest import RECIPES, read_json, read_metrics, run_cli
 from safetensors.torch import load_file
 
 from neurontrain.loop.checkpoints import load_rank_files
@@ -58,6 +58,8 @@ def _one_step(out: Path, nxd: Path, *args: str) -> None:
     result = run_cli("run", RECIPE, "-o", str(out), "--no-preflight", "--init-from", str(nxd), *ONE_STEP, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "initial optimizer state: AdamW moments of" in result.stderr
+    summary = read_json(out / "summary.json")
+    assert summary["unexpected_graphs"] == 0 and summary["hidden_host_syncs"] == []
 
 
 def _gradient_pair(moments: dict, m0: torch.Tensor, v0: torch.Tensor, betas: list[float]) -> tuple:
