@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.checkpoint.initial import load_initial_weights, open_initial_weights
+from neurontrain.checkpoint.initial import InitialCheckpoint, open_initial_weights
 from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.tp_workers import TensorParallelWorkers
+from neurontrain.loop.zero1 import Strategy
 from neurontrain.parallel.nxd_layout import rank_file, unfuse_rank
 from neurontrain.parallel.rules import rule_for, shard
 from neurontrain.parallel.tensor_parallel import model_spec
@@ -27,12 +28,23 @@ from neurontrain.parallel.tensor_parallel import model_spec
 log = get_logger(__name__)
 
 
-def initial_weights_loader(path: Path, workers: DataParallel) -> Callable[[torch.nn.Module], None]:
-    """What sets the starting weights of the model a worker built: whole tensors, or under tensor parallel
-    (`workers` a TensorParallelWorkers) the worker's shards."""
-    if isinstance(workers, TensorParallelWorkers):
-        return lambda model: load_initial_tp_weights(model, path, workers.tp, workers.tp_rank)
-    return lambda model: load_initial_weights(model, path)
+def initial_loaders(init: InitialCheckpoint, workers: DataParallel) -> dict[str, Callable]:
+    """The Trainer's `initialize` and `initialize_optimizer` for `run --init-from`: whole tensors and AdamW
+    state, or under tensor parallel (`workers` a TensorParallelWorkers) the worker's shards, with AdamW fresh."""
+    if not isinstance(workers, TensorParallelWorkers):
+        return {"initialize": init.load_weights, "initialize_optimizer": init.load_optimizer}
+
+    def weights(model: torch.nn.Module) -> None:
+        load_initial_tp_weights(model, init.path, workers.tp, workers.tp_rank)
+
+    def optimizer(strategy: Strategy, model: torch.nn.Module) -> None:
+        if not init.weights_only and open_initial_weights(init.path, model).optimizer_state():
+            raise UsageError(
+                f"--init-from {init.path}: its AdamW state is not loaded under parallel.tp yet; pass "
+                "--init-from-weights-only to start AdamW fresh"
+            )
+
+    return {"initialize": weights, "initialize_optimizer": optimizer}
 
 
 def _rank_pieces(model: torch.nn.Module, path: Path, tp: int, tp_rank: int) -> tuple[dict[str, torch.Tensor], str]:

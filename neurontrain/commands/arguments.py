@@ -3,10 +3,10 @@
 `run` has two kinds of arguments:
 
 * worker arguments (`add_worker_arguments`): the recipe, --output-dir, --set, --backend, --no-preflight,
-  --init-from. Every launcher passes them on as `worker_argv` renders them from these very actions and the
-  parsed namespace: torchrun's workers, the node command of the sbatch script `submit slurm` writes, and the
-  SageMaker entry (through a hyperparameter). `submit slurm` and `submit sagemaker` accept them too. A flag
-  added there reaches every worker with no other change.
+  --init-from, --init-from-weights-only. Every launcher passes them on as `worker_argv` renders them from
+  these very actions and the parsed namespace: torchrun's workers, the node command of the sbatch script
+  `submit slurm` writes, and the SageMaker entry (through a hyperparameter). `submit slurm` and `submit
+  sagemaker` accept them too. A flag added there reaches every worker with no other change.
 * launcher-only arguments (`add_launcher_arguments`): --dry-run and the torchrun topology, which each launcher
   sets for itself (the sbatch script from Slurm's variables, the SageMaker entry from SM_HOSTS).
 
@@ -70,7 +70,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, output_dir: bool = 
         "--init-from",
         metavar="DIR",
         help="start from these weights: NxD shards (`checkpoint migrate --to neuron`) or any checkpoint migrate "
-        "reads; a run that resumes from its own checkpoint ignores it",
+        "reads, and from its AdamW moments when it holds them (learning rate and schedule stay the recipe's); "
+        "a run that resumes from its own checkpoint ignores it",
+    )
+    parser.add_argument(
+        "--init-from-weights-only",
+        action="store_true",
+        help="with --init-from: take the weights only; AdamW starts fresh even when the checkpoint has its state",
     )
 
 

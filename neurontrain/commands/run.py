@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from neurontrain.backend import resolve_backend_name
+from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.commands.arguments import add_run_arguments, options_from, recipe_overrides, worker_argv
 from neurontrain.errors import UsageError
 from neurontrain.launch.elastic import in_worker
@@ -33,9 +34,7 @@ def run(args: argparse.Namespace) -> int:
     output_dir = Path(args.output_dir or Path("runs") / recipe.name)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output-dir {output_dir} exists and is not a directory")
-    init_from = Path(args.init_from) if args.init_from else None
-    if init_from is not None and not init_from.exists():
-        raise UsageError(f"--init-from {init_from} does not exist")
+    init_from = _initial_checkpoint(args)
     if in_worker():
         train_as_worker(recipe, output_dir, preflight_check=not args.no_preflight, init_from=init_from)
         return 0
@@ -67,3 +66,15 @@ def _show_memory(plan: RunPlan) -> None:
         log.info(f"nothing fits at {memory.work.world} worker(s): {memory.advice}")
     for note in memory.notes:
         log.info(note)
+
+
+def _initial_checkpoint(args: argparse.Namespace) -> InitialCheckpoint | None:
+    """--init-from and --init-from-weights-only, checked."""
+    if not args.init_from:
+        if args.init_from_weights_only:
+            raise UsageError("--init-from-weights-only needs --init-from DIR")
+        return None
+    path = Path(args.init_from)
+    if not path.exists():
+        raise UsageError(f"--init-from {path} does not exist")
+    return InitialCheckpoint(path, weights_only=args.init_from_weights_only)

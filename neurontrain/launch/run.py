@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from neurontrain.backend import Backend, backend_for, resolve_backend_name
-from neurontrain.checkpoint.initial_tp import initial_weights_loader
+from neurontrain.checkpoint.initial import InitialCheckpoint
+from neurontrain.checkpoint.initial_tp import initial_loaders
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -31,10 +32,10 @@ log = get_logger(__name__)
 
 
 def train_single(
-    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None
+    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: InitialCheckpoint | None = None
 ) -> RunSummary:
     """Train in this process; returns the summary (also in output_dir/summary.json unless extracting).
-    init_from: a checkpoint to take the starting weights from."""
+    init_from: a checkpoint to take the starting weights (and optimizer state) from."""
     backend = backend_for(recipe.runtime)
     cache = resolve_cache(recipe.runtime.compile_cache)
     location = attach_runtime(cache, recipe.runtime)
@@ -80,7 +81,9 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     return summary
 
 
-def train_as_worker(recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: Path | None = None) -> None:
+def train_as_worker(
+    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: InitialCheckpoint | None = None
+) -> None:
     """One worker of a torchrun group (the launcher pulled the cache and prints the summary)."""
     dp = DataParallel.from_env()
     backend = backend_for(recipe.runtime)
@@ -124,7 +127,7 @@ def _trainer(
     output_dir: Path,
     manifest: set[str] | None,
     dp: DataParallel,
-    init_from: Path | None = None,
+    init_from: InitialCheckpoint | None = None,
 ) -> Trainer:
     return Trainer(
         plan,
@@ -134,7 +137,7 @@ def _trainer(
         dp=dp,
         graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
         extracting=extraction_mode(),
-        initialize=None if init_from is None else initial_weights_loader(init_from, dp),
+        **({} if init_from is None else initial_loaders(init_from, dp)),
     )
 
 

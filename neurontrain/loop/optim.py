@@ -111,13 +111,19 @@ class Replicated:
     def parameter_digest(self) -> str | None:
         return None
 
-    def load(self, saved: dict, scheduler: dict, checkpoint: Path | None) -> None:
-        """Resume from a checkpoint's optimizer entry: a plain AdamW state dict, or a ZeRO-1 checkpoint's
-        per-rank files consolidated."""
+    def optimizer_parameters(self) -> list[torch.Tensor]:
+        """The model's parameters in the numbering of the optimizer's state dict (group order)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def load(self, saved: dict, scheduler: dict | None, checkpoint: Path | None) -> None:
+        """Resume from a checkpoint's optimizer entry: a plain AdamW state dict (numbered as
+        `optimizer_parameters`), or a ZeRO-1 checkpoint's per-rank files consolidated. Without scheduler state
+        (`run --init-from`) the schedule starts at its first step."""
         world = saved.get(ZERO1_WORLD)
         plain = consolidate(load_rank_files(checkpoint, list(range(world))))[0] if world else saved
         self.optimizer.load_state_dict(plain)
-        self.scheduler.load_state_dict(scheduler)
+        if scheduler is not None:
+            self.scheduler.load_state_dict(scheduler)
 
     def memory(self, model: torch.nn.Module) -> dict[str, int]:
         """Bytes this worker holds on the device, by the memory planner's categories (`device_bytes`)."""

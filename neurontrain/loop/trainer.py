@@ -24,8 +24,9 @@ from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model
 from neurontrain.loop.planning import RunPlan
+from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
-from neurontrain.loop.zero1 import build_strategy
+from neurontrain.loop.zero1 import Strategy, build_strategy
 
 GraphIdentifier = Callable[[list[torch.Tensor]], str]
 
@@ -36,8 +37,6 @@ class _Restored:
 
     optimizer: dict
     scheduler: dict
-    torch_rng: torch.Tensor
-    backend_rng: Any
     checkpoint: Path | None = None  # the directory (a ZeRO-1 checkpoint's per-rank optimizer files are there)
 
 
@@ -55,12 +54,14 @@ class Trainer:
         graph_identifier: GraphIdentifier | None = None,
         extracting: bool = False,
         initialize: Callable[[torch.nn.Module], None] | None = None,
+        initialize_optimizer: Callable[[Strategy, torch.nn.Module], None] | None = None,
     ) -> None:
         """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is identified with
         graph_identifier (the pending graph's output tensors -> its id) and checked against them (a miss is an
         unexpected graph). dp: this worker's place among plan.world workers. extracting: the runtime only
         extracts graphs and every value is fake, so nothing of this run may be kept or resumed. initialize: sets
-        the starting weights of the model built on the host (`run --init-from`), unless the run resumes."""
+        the starting weights of the model built on the host (`run --init-from`), unless the run resumes;
+        initialize_optimizer then the starting state of the optimizer strategy built for the device model."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
         self.recipe = plan.recipe
         self.dp = dp or DataParallel()
@@ -69,7 +70,7 @@ class Trainer:
         if manifest_graphs is not None and graph_identifier is None:
             raise ValueError("checking graphs against manifest_graphs needs a graph_identifier")
         self.manifest_graphs, self.graph_identifier = manifest_graphs, graph_identifier
-        self.extracting, self.initialize = extracting, initialize
+        self.extracting, self.initialize, self.initialize_optimizer = extracting, initialize, initialize_optimizer
         self.writes = self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
         self.start_step = self.position = 0  # position: batches of the batch order consumed so far
@@ -93,7 +94,8 @@ class Trainer:
 
     def _set_up(self) -> None:
         """The model on the device (with a checkpoint's weights when resuming), AdamW and its schedule with
-        their state created and synced (the ("setup",) graph), the RNG, the step log and the data stream."""
+        their state created and synced (the ("setup",) graph), then a checkpoint's optimizer state loaded, the
+        step log and the data stream."""
         recipe, backend = self.recipe, self.backend
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model = build_model(recipe, self.plan.config)
@@ -103,9 +105,6 @@ class Trainer:
             self.initialize(self.model)
         self.model.to(device)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
-        if self._restored is not None:
-            restored = self._restored
-            self.strategy.load(restored.optimizer, restored.scheduler, restored.checkpoint)
         self._compiles_at_start = backend.compile_count()
         self._compile_seconds_at_start = backend.compile_seconds()
         self.guard = RecompilationGuard(
@@ -117,9 +116,13 @@ class Trainer:
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
-        # After the set-up sync: on XLA every sync advances the RNG seed, and the checkpoint recorded the
-        # seed as it was after the step's own sync.
-        self._seed()
+        # Saved optimizer state replaces the fresh state after the set-up sync, as device data: the set-up graph
+        # stays the one precompile records, and the step graphs see their state as in discovery.
+        if self._restored is not None:
+            restored = self._restored
+            self.strategy.load(restored.optimizer, restored.scheduler, restored.checkpoint)
+        elif self.initialize_optimizer is not None:
+            self.initialize_optimizer(self.strategy, self.model)
         resumed_at = self.start_step if self._restored is not None else None
         self.log = StepLog(
             MetricsWriter(self.output_dir, resumed_at, write=self.writes),
@@ -137,7 +140,9 @@ class Trainer:
         plan, recipe, backend = self.plan, self.recipe, self.backend
         micro_losses: list[torch.Tensor] = []
         length = items = 0
-        for _ in range(recipe.train.grad_accum):
+        for micro in range(recipe.train.grad_accum):
+            if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
+                seed_graph(backend, graph_seed(recipe.train.seed, step, micro, self.dp.rank))
             batch = next(self.batches)
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
             length = batch["input_ids"].shape[1]
@@ -240,33 +245,25 @@ class Trainer:
 
     # -- checkpoint state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint's state.pt holds: weights, AdamW and schedule state, the data position, and the
-        RNG state: this worker's, and under data parallelism every worker's (so this is a collective)."""
-        rng = {"torch_cpu": torch.get_rng_state(), "backend": self.backend.rng_state()}
+        """What a checkpoint's state.pt holds: weights, AdamW and schedule state, the data position. No RNG
+        state: each step's random stream is a function of the step (`loop/rng.py`)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.strategy.state_dict(),
             "scheduler": self.strategy.scheduler.state_dict(),
             "data_position": self.position,
-            "rng": {**rng, "per_rank": self.dp.all_gather_object(rng) if self.dp.enabled else None},
         }
 
     def load_state_dict(self, state: dict[str, Any], checkpoint: Path | None = None) -> None:
         """Resume from `state` (as `state_dict` made it), into the model set-up has just built on the host.
 
-        The weights load now, before the model moves to the device. The rest waits for set-up, in the order
-        XLA needs: optimizer and schedule state once they exist for the device model, the RNG after the set-up
-        sync (every sync advances the XLA seed). The RNG is this worker's own when the checkpoint has one for
-        each worker of a group of this size. checkpoint: the directory, for ZeRO-1's per-rank optimizer files.
+        The weights load now, before the model moves to the device; optimizer and schedule state wait for
+        set-up to build them for the device model. An RNG state in the checkpoint (written by earlier versions)
+        is not needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files.
         """
         self.model.load_state_dict(state["model"])
         self.position = int(state["data_position"])
-        rng = state["rng"]
-        per_rank = rng.get("per_rank")
-        mine = per_rank[self.dp.rank] if per_rank and len(per_rank) == self.dp.world else rng
-        self._restored = _Restored(
-            state["optimizer"], state["scheduler"], mine["torch_cpu"], mine["backend"], checkpoint
-        )
+        self._restored = _Restored(state["optimizer"], state["scheduler"], checkpoint)
 
     def _checkpoint_meta(self, step: int) -> dict[str, Any]:
         """meta.json: what a resumed run checks before it loads the state, and what a reader needs to know."""
@@ -295,18 +292,6 @@ class Trainer:
         checkpoints.check_resumable(path, meta, self.recipe, self.plan.world)
         self.start_step = int(meta["step"])
         self.load_state_dict(state, path)
-
-    def _seed(self) -> None:
-        """Restore the RNG of a resumed run; a fresh run with several workers gives each its own dropout
-        stream (worker 0 keeps the one-worker stream)."""
-        backend = self.backend
-        if self._restored is not None:
-            torch.set_rng_state(self._restored.torch_rng)
-            backend.set_rng_state(self._restored.backend_rng)
-        elif self.dp.enabled and self.dp.rank:
-            torch.manual_seed(self.recipe.train.seed + 7919 * self.dp.rank)
-            if backend.is_xla:
-                backend.set_rng_state(int(backend.rng_state()) + 7919 * self.dp.rank)
 
     # -- steps ------------------------------------------------------------------------------------------------
     def _sync(

@@ -167,9 +167,14 @@ class HostZero1(Replicated):
         """A hash of the full parameters this worker holds (every worker's must be the same)."""
         return _digest(self.backend.to_host([p.detach() for p in self.params]))
 
-    def load(self, saved: dict, scheduler: dict, checkpoint: Path | None) -> None:
+    def optimizer_parameters(self) -> list[torch.Tensor]:
+        """The full parameters in the numbering of the state dict (that of the chunks' optimizer)."""
+        return [self.params[j] for j in self.order]
+
+    def load(self, saved: dict, scheduler: dict | None, checkpoint: Path | None) -> None:
         """This rank's file when the checkpoint was written by a world of this size; else every rank's file
-        (or a replicated run's plain state) consolidated and cut for this world."""
+        (or a plain state dict: a replicated run's, or `run --init-from`'s) consolidated and cut for this
+        world."""
         world, rank = self.dp.world, self.dp.rank
         saved_world = saved.get(ZERO1_WORLD)
         if saved_world == world:
@@ -185,7 +190,8 @@ class HostZero1(Replicated):
         masters = self.backend.to_device([mine["sharded_master_weights"][i] for i in range(len(self.order))])
         for j, value in zip(self.order, masters):
             self.chunks[j].data = value
-        self.scheduler.load_state_dict(scheduler)
+        if scheduler is not None:
+            self.scheduler.load_state_dict(scheduler)
 
     def memory(self, model: torch.nn.Module) -> dict[str, int]:
         return device_bytes(model, self.backend.device, moment_tensors(self.optimizer), masters=self.chunks)
@@ -267,7 +273,7 @@ class InGraphZero1(Replicated):
             "tp_rank": 0,
         }
 
-    def load(self, saved: dict, scheduler: dict, checkpoint: Path | None) -> None:
+    def load(self, saved: dict, scheduler: dict | None, checkpoint: Path | None) -> None:
         world, rank = self.dp.world, self.dp.rank
         saved_world = saved.get(ZERO1_WORLD)
         if saved_world == world:
@@ -281,7 +287,8 @@ class InGraphZero1(Replicated):
             shapes = [p.shape for g in self.optimizer.param_groups for p in g["params"]]
             mine = rank_state(plain, shapes, masters, world, rank)
         self.optimizer.load_state_dict(mine)
-        self.scheduler.load_state_dict(scheduler)
+        if scheduler is not None:
+            self.scheduler.load_state_dict(scheduler)
 
     def memory(self, model: torch.nn.Module) -> dict[str, int]:
         base = self.optimizer.base_optimizer

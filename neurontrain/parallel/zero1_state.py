@@ -12,13 +12,14 @@ save_master_weights=True (NxD's `NeuronZero1Optimizer` saves the same dict per r
 Chunks follow `zero_layout` (padded on dim 0 to a multiple of the world size, chunk r to rank r).
 `consolidate` turns the rank dicts of one world into a plain AdamW state dict (what a replicated run keeps)
 and the full master weights; `rank_state` cuts a plain state dict for one rank of any world. Together they
-resume a run at another world size. Plain functions on CPU tensors.
+resume a run at another world size. `numbered_state` makes a plain state dict from moments keyed by parameter
+name (a converted checkpoint's, for `run --init-from`). Plain functions on CPU tensors.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -36,6 +37,35 @@ def chunk(tensor: torch.Tensor, world: int, rank: int) -> torch.Tensor:
 def unchunk(chunks: Sequence[torch.Tensor], dim0: int) -> torch.Tensor:
     """The parameter-shaped tensor that `chunks` (rank order, one world) hold, padding dropped."""
     return torch.cat(list(chunks))[:dim0]
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def numbered_state(
+    named: Mapping[str, Mapping[str, torch.Tensor]],
+    names: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    param_groups: Sequence[dict],
+) -> dict:
+    """A plain AdamW state dict from AdamW state keyed by parameter name: entry i is parameter names[i], of
+    shape shapes[i] (the numbering of the optimizer that will load it), with both moments and its step count
+    (a float32 scalar, 0 when absent). param_groups are the loading optimizer's own, so its hyper-parameters
+    stay. A ValueError names the first parameter without both moments, or with moments of another shape."""
+    if len(names) != len(shapes):
+        raise ValueError(f"{len(names)} names but {len(shapes)} shapes")
+    missing = [n for n in names if not all(m in named.get(n, {}) for m in MOMENTS)]
+    if missing:
+        raise ValueError(f"no AdamW moments for {len(missing)} of the {len(names)} parameters (first: {missing[0]})")
+    state = {}
+    for i, (name, shape) in enumerate(zip(names, shapes)):
+        entry = named[name]
+        for moment in MOMENTS:
+            if tuple(entry[moment].shape) != tuple(shape):
+                raise ValueError(f"{name}: {moment} is {list(entry[moment].shape)}, the parameter {list(shape)}")
+        step = torch.tensor(float(entry.get("step", 0.0)), dtype=torch.float32)
+        state[i] = {"step": step, **{moment: entry[moment] for moment in MOMENTS}}
+    return {"state": state, "param_groups": copy.deepcopy(list(param_groups))}
 
 
 def _is_chunked(value: object) -> bool:

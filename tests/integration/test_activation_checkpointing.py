@@ -17,10 +17,12 @@ pytestmark = pytest.mark.slow
 SHORT = ["--set", "checkpoint.every=0", "--set", "train.eval_at_end=false", "--set", "runtime.preflight=false"]
 SHORT += ["--set", "train.log_every=1", "--set", "train.schedule.warmup_steps=0", "--set", "data.train_samples=200"]
 # Llama: 3 layers and every_2 checkpoints layers 0 and 2 (the every_N selection shows in the barrier count).
-# BERT keeps its dropout (0.1): the recompute must draw the same masks, seen in the weights after one step.
+# BERT keeps its dropout (0.1): the recompute must draw the same masks (seen in the weights), and the steps
+# after it the same masks as a run without checkpointing (seen in the losses: torch-xla's checkpoint resets the
+# RNG's base seed, and only the trainer's per-step seed keeps the later steps' draws the same).
 CASES = {
     "llama": ("tiny-llama-clm", "every_2", 3, 4, ["--set", "checkpoint.save_final=false"]),
-    "bert": ("tiny-bert-classification", "full", 2, 1, ["--set", "data.max_length=64"]),
+    "bert": ("tiny-bert-classification", "full", 2, 3, ["--set", "data.max_length=64"]),
 }
 _BARRIER = re.compile(r" opt-barrier\(")  # the instruction; its uses read `%opt-barrier.N`
 
@@ -76,7 +78,7 @@ def test_checkpointing_changes_no_loss_graph_count_or_sync(runs: dict, case: str
     assert len(_losses(plain)) == steps
     assert _losses(checkpointed) == _losses(plain)  # bit-identical: == on the floats, no tolerance
     before, after = read_json(plain / "summary.json"), read_json(checkpointed / "summary.json")
-    assert after["compilations"] == before["compilations"]
+    assert after["compilations"] == before["compilations"] == before["expected_graphs"]  # the seed is no constant
     assert after["unexpected_graphs"] == before["unexpected_graphs"] == 0
     assert after["hidden_host_syncs"] == before["hidden_host_syncs"] == []
     expected = len(checkpointed_layers(setting, layers))
@@ -85,8 +87,8 @@ def test_checkpointing_changes_no_loss_graph_count_or_sync(runs: dict, case: str
 
 
 def test_recompute_draws_the_same_dropout_masks(runs: dict):
-    """BERT's dropout is on: after one step the weights agree bit for bit only if the recompute in the
-    backward pass drew the masks the forward pass drew."""
+    """BERT's dropout is on: after its steps the weights agree bit for bit only if every recompute in the
+    backward pass drew the masks the forward pass drew, and every step the masks of the run without it."""
     plain = load_file(runs[("bert", "none")] / "model" / "model.safetensors")
     checkpointed = load_file(runs[("bert", "full")] / "model" / "model.safetensors")
     assert plain.keys() == checkpointed.keys()

@@ -14,6 +14,7 @@ from neurontrain.backend import select_backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.planning import RunPlan, make_plan
+from neurontrain.loop.rng import graph_seed
 from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.loop.trainer import Trainer
 from neurontrain.recipe import load_recipe
@@ -45,8 +46,8 @@ def test_run_returns_the_summary_it_writes_and_the_state_holds_the_run(tmp_path:
     assert summary.first_loss == _losses(tmp_path)[1] and summary.final_loss == _losses(tmp_path)[3]
     assert summary.eval_loss is not None and summary.eval_accuracy is None  # causal LM: no accuracy
     state = trainer.state_dict()
-    assert sorted(state) == ["data_position", "model", "optimizer", "rng", "scheduler"]
-    assert state["data_position"] == 3 and state["rng"]["per_rank"] is None
+    assert sorted(state) == ["data_position", "model", "optimizer", "scheduler"]  # no RNG: steps seed themselves
+    assert state["data_position"] == 3
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
 
 
@@ -112,3 +113,10 @@ def test_run_plan_is_keyword_only_and_checks_its_bounds():
         with pytest.raises(UsageError, match=message) as caught:
             dataclasses.replace(plan, **changes)
         assert "\n" not in str(caught.value)
+
+
+def test_each_graph_seed_depends_on_the_seed_step_micro_batch_and_rank_only():
+    keys = [(seed, step, micro, rank) for seed in (0, 1) for step in (1, 2) for micro in (0, 1) for rank in (0, 1)]
+    seeds = [graph_seed(*key) for key in keys]
+    assert len(set(seeds)) == len(keys) and all(0 <= s < 2**63 for s in seeds)
+    assert seeds == [graph_seed(*key) for key in keys]
