@@ -207,39 +207,26 @@ def accelerate_state(tmp_path, model):
     return tmp_path / "accelerate", tmp_path / "accelerate-ref"
 
 
-def deepspeed_zero(tmp_path, model, stage, world=1):
+def deepspeed_zero(tmp_path, model, stage, world):
     """DeepSpeed ZeRO stage 1-3 on CPU (gloo, fp32, torch's AdamW as the client optimizer), one step on `world`
-    data-parallel ranks (forked processes beyond one), then engine.save_checkpoint: ds/latest and
-    ds/global_step1/ partitions. Returns (ds dir, reference dir, ds-moments.pt: the moments of every parameter as
-    DeepSpeed itself assembles them from its partitions, safe_get_full_optimizer_state, and the engine's
-    global step)."""
-    if world == 1:
-        with world_of_one():
-            _zero_rank(tmp_path, model, stage, 1, 0)
-    else:
-        # fork: the ranks start from this process's model, so every rank holds the same initial weights
-        torch.multiprocessing.start_processes(
-            _zero_rank_in_group, args=(tmp_path, model, stage, world), nprocs=world, start_method="fork"
-        )
+    data-parallel ranks (forked processes), then engine.save_checkpoint: ds/latest and ds/global_step1/
+    partitions. Returns (ds dir, reference dir, ds-moments.pt: the moments of every parameter as DeepSpeed itself
+    assembles them from its partitions, safe_get_full_optimizer_state, and the engine's global step)."""
+    # fork: the ranks start from this process's model, so every rank holds the same initial weights
+    torch.multiprocessing.start_processes(
+        _zero_rank, args=(tmp_path, model, stage, world), nprocs=world, start_method="fork"
+    )
     return tmp_path / "ds", tmp_path / "ds-ref", tmp_path / "ds-moments.pt"
 
 
-def _zero_rank_in_group(rank, tmp_path, model, stage, world):
+def _zero_rank(rank, tmp_path, model, stage, world):
     import os
 
-    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    store = f"file://{tmp_path / 'ds-store'}"
-    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
-    try:
-        _zero_rank(tmp_path, model, stage, world, rank)
-    finally:
-        dist.destroy_process_group()
-
-
-def _zero_rank(tmp_path, model, stage, world, rank):
     import deepspeed
     from deepspeed.utils import safe_get_full_optimizer_state
 
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'ds-store'}", rank=rank, world_size=world)
     config = {
         "train_batch_size": 2 * world,
         "train_micro_batch_size_per_gpu": 2,
@@ -260,6 +247,7 @@ def _zero_rank(tmp_path, model, stage, world, rank):
     if rank == 0:
         torch.save({"moments": moments, "global_steps": engine.global_steps}, tmp_path / "ds-moments.pt")
         _reference(model, full, tmp_path / "ds-ref")
+    dist.destroy_process_group()
 
 
 def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
