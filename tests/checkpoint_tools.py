@@ -207,26 +207,47 @@ def accelerate_state(tmp_path, model):
     return tmp_path / "accelerate", tmp_path / "accelerate-ref"
 
 
-def deepspeed_zero(tmp_path, model, stage):
-    """DeepSpeed ZeRO stage 1-3 on CPU (gloo, fp32, torch's AdamW as the client optimizer), one step, then
-    engine.save_checkpoint: ds/latest and ds/global_step1/ partitions."""
-    import deepspeed
+def deepspeed_zero(tmp_path, model, stage, world):
+    """DeepSpeed ZeRO stage 1-3 on CPU (gloo, fp32, torch's AdamW as the client optimizer), one step on `world`
+    data-parallel ranks (forked processes), then engine.save_checkpoint: ds/latest and ds/global_step1/
+    partitions. Returns (ds dir, reference dir, ds-moments.pt: the moments of every parameter as DeepSpeed itself
+    assembles them from its partitions, safe_get_full_optimizer_state, and the engine's global step)."""
+    # fork: the ranks start from this process's model, so every rank holds the same initial weights
+    torch.multiprocessing.start_processes(
+        _zero_rank, args=(tmp_path, model, stage, world), nprocs=world, start_method="fork"
+    )
+    return tmp_path / "ds", tmp_path / "ds-ref", tmp_path / "ds-moments.pt"
 
+
+def _zero_rank(rank, tmp_path, model, stage, world):
+    import os
+
+    import deepspeed
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'ds-store'}", rank=rank, world_size=world)
     config = {
-        "train_batch_size": 2,
+        "train_batch_size": 2 * world,
         "train_micro_batch_size_per_gpu": 2,
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
     }
-    with world_of_one():
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-        engine.backward(engine(**batch(model)).loss)
-        engine.step()
-        engine.save_checkpoint(str(tmp_path / "ds"))
-        with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=stage == 3):
-            full = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return tmp_path / "ds", _reference(model, full, tmp_path / "ds-ref")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    engine.backward(engine(**batch(model)).loss)
+    engine.step()
+    engine.save_checkpoint(str(tmp_path / "ds"))
+    moments = {  # collectives: every rank asks for every parameter
+        name: {key: safe_get_full_optimizer_state(p, key).clone() for key in ("exp_avg", "exp_avg_sq")}
+        for name, p in model.named_parameters()
+    }
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=stage == 3):
+        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"moments": moments, "global_steps": engine.global_steps}, tmp_path / "ds-moments.pt")
+        _reference(model, full, tmp_path / "ds-ref")
+    dist.destroy_process_group()
 
 
 def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):

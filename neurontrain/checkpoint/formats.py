@@ -6,7 +6,8 @@ directories (the model under any top-level key; optimizer namespaces kept apart)
 `_orig_mod.`, `_fsdp_wrapped_module.`, `_checkpoint_wrapped_module.`) are removed from the names; which part of
 a name is the model's is decided later by matching the model (matching.py), never guessed here. Which tool
 wrote a checkpoint, and so which reader reads it, is layouts.py. Tensors are read one at a time (safetensors
-per tensor, torch files memory-mapped, DCP per key), never the whole model.
+per tensor, torch files memory-mapped, DCP per key), never the whole model. Files a newer torch wrote:
+newer_writers.py.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Protocol
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from neurontrain.checkpoint.newer_writers import newer_torch_file, read_dcp_metadata
 from neurontrain.errors import UsageError, first_line
 
 _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
@@ -61,11 +62,12 @@ def load_torch_file(path: Path) -> object:
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as exc:
+        newer = newer_torch_file(path, exc)
+        if newer:
+            raise UsageError(newer) from None
         hint = ""
         if "Unsupported global" in str(exc) or "weights_only" in str(exc):
             hint = "; it pickles objects other than tensors and plain containers, which are not loaded"
-        if "version" in str(exc).lower():
-            hint = f"; if a newer torch than {torch.__version__} wrote it, save its state dict again there"
         raise UsageError(
             f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {first_line(exc, 120)}){hint}"
         ) from None
@@ -227,14 +229,7 @@ class DCPSource:
     def __init__(self, directory: Path, config: dict | None, layout: str = "dcp", writer: str = "") -> None:
         self.description, self.config, self.directory = f"DCP {directory}", config, directory
         self.layout, self.writer = layout, writer or "torch.distributed.checkpoint (dcp.save)"
-        try:
-            metadata = FileSystemReader(str(directory)).read_metadata()
-        except Exception as exc:
-            raise UsageError(
-                f"{directory} is not a readable DCP checkpoint ({type(exc).__name__}: {first_line(exc, 100)}); "
-                f"if a newer torch than {torch.__version__} wrote it, save it there with torch's "
-                "dcp_to_torch_save and migrate that file"
-            ) from None
+        metadata = read_dcp_metadata(directory)
         self._meta = {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         self._names: dict[str, str] = {}
         for k in self._meta:

@@ -12,17 +12,16 @@
 | safetensors        | safetensors save_file                                   | the file                    |
 | deepspeed          | DeepSpeed ZeRO 1-3 (fp32 rebuilt by its zero_to_fp32)   | the dir with `latest`       |
 
-Without deepspeed installed, a ZeRO directory is refused in one line (run the zero_to_fp32.py DeepSpeed writes
-beside it and migrate the file it makes). Its optimizer partitions are not read.
+DeepSpeed's optimizer partitions are read too (deepspeed_zero.py). Without deepspeed installed, a ZeRO directory
+is refused in one line (run the zero_to_fp32.py DeepSpeed writes beside it and migrate the file it makes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 from pathlib import Path
 
+from neurontrain.checkpoint.deepspeed_zero import ZeroSource, is_deepspeed, tagged_directory
 from neurontrain.checkpoint.formats import (
     DCPSource,
     SafetensorsSource,
@@ -30,7 +29,7 @@ from neurontrain.checkpoint.formats import (
     TorchSource,
     load_torch_file,
 )
-from neurontrain.errors import UsageError, first_line
+from neurontrain.errors import UsageError
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -62,36 +61,6 @@ def find_config(path: Path, config_path: Path | None) -> dict | None:
     return _read_config(path if path.is_dir() else path.parent)
 
 
-def _is_deepspeed(path: Path) -> bool:
-    return path.is_dir() and (
-        (path / "zero_to_fp32.py").is_file()
-        or any(path.glob("*_model_states.pt"))
-        or any(p.is_dir() and any(p.glob("*_optim_states.pt")) for p in path.glob("global_step*"))
-    )
-
-
-def _open_deepspeed(path: Path, config: dict | None) -> TensorSource:
-    """fp32 weights rebuilt from the ZeRO 1-3 partitions by DeepSpeed's own zero_to_fp32 (all in memory)."""
-    try:
-        from deepspeed.utils.zero_to_fp32 import (  # lazy: deepspeed is optional and slow to import
-            get_fp32_state_dict_from_zero_checkpoint,
-        )
-    except ImportError:
-        raise UsageError(
-            f"{path} is a DeepSpeed ZeRO checkpoint (global_stepN/ partitions): install deepspeed to read it, or "
-            "run the zero_to_fp32.py DeepSpeed saved beside it and migrate the state dict file it writes"
-        ) from None
-    directory, tag = (path.parent, path.name) if any(path.glob("*_model_states.pt")) else (path, None)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # it prints progress; stdout is for results
-            state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise UsageError(f"{path}: DeepSpeed's zero_to_fp32 cannot read it ({first_line(exc, 150)})") from None
-    config = config or _read_config(directory)
-    writer = "DeepSpeed ZeRO (fp32 rebuilt from the partitions by DeepSpeed's zero_to_fp32)"
-    return TorchSource([path], config, f"deepspeed {path}", "deepspeed", writer, top=dict(state))
-
-
 def _hf_weights(path: Path, config: dict | None, layout: str, writer: str) -> TensorSource | None:
     """The model weights save_pretrained (or accelerate, or the Trainer) leaves in a directory, if any."""
     index = next((path / name for name in _INDEXES if (path / name).is_file()), None)
@@ -119,8 +88,8 @@ def _open_directory(path: Path, config: dict | None) -> TensorSource:
         if (path / "meta.pt").is_file():
             return DCPSource(path, config, "lightning-sharded", "Lightning (FSDP strategy, state_dict_type='sharded')")
         return DCPSource(path, config)
-    if _is_deepspeed(path):
-        return _open_deepspeed(path, config)
+    if is_deepspeed(path):
+        return ZeroSource(path, config or _read_config(tagged_directory(path)[0]))
     if (path / "trainer_state.json").is_file():
         source = _hf_weights(path, config, "hf-trainer", "transformers Trainer")
         optimizer = path / "optimizer.pt"

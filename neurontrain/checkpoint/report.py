@@ -8,6 +8,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+from neurontrain.checkpoint.deepspeed_zero import ZeroSource
 from neurontrain.checkpoint.formats import DCPSource, TensorSource
 from neurontrain.checkpoint.matching import MappedSource, architecture
 from neurontrain.checkpoint.nxd import NxdReader
@@ -20,6 +21,8 @@ def has_optimizer(source: TensorSource) -> bool:
         return bool(source.optimizer_keys)
     if isinstance(source, NxdReader):
         return (source.directory / "optim").is_dir()
+    if isinstance(source, ZeroSource):
+        return bool(source.optimizer_files)
     return getattr(source, "optimizer", None) is not None
 
 
