@@ -93,9 +93,12 @@ def test_cli_inspect_and_verify_across_forms(tmp_path, capsys):
     assert code == 0 and "config needed" in out, out + err
 
 
-@pytest.mark.parametrize("family, stage, world", [("llama", 1, 2), ("llama", 2, 3), ("llama", 3, 2), ("bert", 3, 3)])
+@pytest.mark.parametrize(
+    "family, stage, world",
+    [("llama", 1, 2), ("llama", 2, 3), ("llama", 3, 2), ("bert", 1, 3), ("bert", 2, 2), ("bert", 3, 3)],
+)
 def test_deepspeed_zero(tmp_path, family, stage, world):
-    """Every stage for Llama; for BERT stage 3, the one whose weight files hold no whole weights. Two or three
+    """Every stage for both families (stage 3's weight files hold no whole weights). Two or three
     data-parallel ranks, so every partition is a real part; with three, DeepSpeed pads (stage 2: the last rank's
     group, stage 3: parameters whose size three does not divide). The moments migrated from the partitions equal,
     tensor by tensor, those DeepSpeed's engine assembles itself."""
