@@ -171,9 +171,10 @@ class RunPlan:
     def _gradient_reduction(self) -> str:
         if self.world == 1:
             return "none"
+        collective = "reduce-scatter (ZeRO-1)" if self.recipe.train.zero1 is True else "all-reduce"
         if self.host_reduce:
-            return "host all-reduce (gloo) between the micro-step and optimizer graphs"
-        return "in-graph all-reduce"
+            return f"host {collective} (gloo) between the micro-step and optimizer graphs"
+        return f"in-graph {collective}"
 
 
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
