@@ -67,7 +67,7 @@ class ZeroSource(TorchSource):
         except _DS_ERRORS as exc:
             raise UsageError(f"{path}: DeepSpeed's zero_to_fp32 cannot read it ({first_line(exc, 150)})") from None
         writer = "DeepSpeed ZeRO (fp32 rebuilt from the partitions by DeepSpeed's zero_to_fp32)"
-        super().__init__([path], config, f"deepspeed {path}", "deepspeed", writer, dict(state))
+        super().__init__([path], config, f"deepspeed {path}", "deepspeed", writer, dict(state), remappable=False)
         self.optimizer_files = sorted(self.tagged.glob("*_optim_states.pt"))
 
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:

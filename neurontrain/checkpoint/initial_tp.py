@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from neurontrain.checkpoint.formats import read_piece
 from neurontrain.checkpoint.initial import InitialCheckpoint, open_initial_weights
 from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
 from neurontrain.errors import UsageError
@@ -22,7 +23,7 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.tp_workers import TensorParallelWorkers
 from neurontrain.loop.zero1 import Strategy
 from neurontrain.parallel.nxd_layout import rank_file, unfuse_rank
-from neurontrain.parallel.rules import rule_for, shard
+from neurontrain.parallel.rules import piece_of, rule_for
 from neurontrain.parallel.tensor_parallel import model_spec
 
 log = get_logger(__name__)
@@ -63,8 +64,11 @@ def _rank_pieces(model: torch.nn.Module, path: Path, tp: int, tp_rank: int) -> t
     absent = [name for name in names if name not in source.keys()]
     if absent:
         raise UsageError(f"--init-from {path}: lacks {len(absent)} of the model's tensors (first: {absent[0]})")
-    pieces = {name: shard(spec, rule_for(spec, name), source.get(name), tp_rank) for name in names}
-    return pieces, f"whole tensors cut for tp rank {tp_rank} ({source.description})"
+    pieces = {
+        name: read_piece(source, name, piece_of(spec, rule_for(spec, name), source.meta(name)[0], tp_rank))
+        for name in names
+    }
+    return pieces, f"tp rank {tp_rank}'s slices of whole tensors ({source.description})"
 
 
 def load_initial_tp_weights(model: torch.nn.Module, path: Path, tp: int, tp_rank: int) -> None:

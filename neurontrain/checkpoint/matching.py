@@ -163,6 +163,9 @@ class MappedSource:
     def get(self, name: str) -> torch.Tensor:
         return self.raw.get(self._keys[name])
 
+    def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        return self.raw.get_slice(self._keys[name], dim, start, stop)
+
     def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
         return self.raw.meta(self._keys[name])
 

@@ -10,6 +10,7 @@ stripped on the way back; checkpoint_spec.json records both sizes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -42,6 +44,7 @@ log = get_logger(__name__)
 __all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoint"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # huggingface_hub's default shard size for safetensors, "5GB"
 
 
 @dataclass(kw_only=True)
@@ -54,7 +57,7 @@ class MigrateOptions:
     with_optimizer: bool = False
     overwrite: bool = False
     config: Path | None = None
-    max_shard_bytes: int = 2 << 30
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     pad_vocab_multiple: int | None = None  # --to neuron: pad the vocabulary to a multiple of this and of TP
 
     def __post_init__(self) -> None:
@@ -66,7 +69,7 @@ class MigrateOptions:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
         if self.max_shard_bytes < 1:
-            raise UsageError("--max-shard-size must be at least 1 (MiB)")
+            raise UsageError("--max-shard-size must be at least 1 byte")
         if self.pad_vocab_multiple is not None and self.pad_vocab_multiple < 1:
             raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
         if self.pad_vocab_multiple is not None and self.to != "neuron":
@@ -104,10 +107,6 @@ def _cast(dtype: str | None):
     return cast
 
 
-def tqdm_iter(items: list, desc: str):
-    return tqdm(items, desc=desc, unit="tensor", disable=None, file=sys.stderr)
-
-
 def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="file", disable=None, file=sys.stderr)
 
@@ -130,7 +129,7 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
             for pp in range(spec.pp):
                 stage = stage_names(spec, pp)
                 for tp in range(spec.tp):
-                    torch.save(rank_tensors(spec, source.get, stage, tp, cast), out / "model" / rank_file(tp, pp))
+                    torch.save(rank_tensors(spec, source, stage, tp, cast), out / "model" / rank_file(tp, pp))
                     files += 1
                     bar.update(1)
                     if optimizer is not None:
@@ -141,7 +140,7 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         reader = NxdReader(out)
-        check_loads(source.config, {n: tuple(reader.get(n).shape) for n in reader.keys()}, f"the output for {dest}")
+        check_loads(source.config, {n: reader.meta(n)[0] for n in reader.keys()}, f"the output for {dest}")
         (out / "done").touch()
     return {
         "to": "neuron",
@@ -183,40 +182,35 @@ def _optimizer_shard(spec: ShardingSpec, optimizer: dict, names: list[str], tp: 
     )
 
 
-def _write_safetensors(source: TensorSource, names: list[str], cast, out: Path, max_shard_bytes: int) -> int:
-    """The tensors as model.safetensors, or model-0000i-of-0000n.safetensors with an index above
-    max_shard_bytes; returns the number of files."""
-    # one read per tensor: a file is written as soon as the next tensor would overflow it, under a
-    # numbered temporary name; the final names (model-0000i-of-0000n) are known at the end
-    weight_map: dict[str, int] = {}
-    sizes: list[int] = []
-    pending: dict[str, torch.Tensor] = {}
-    pending_bytes = 0
+def _written_dtype(dtype: torch.dtype, target: str | None) -> torch.dtype:
+    return DTYPES[target] if target and dtype.is_floating_point else dtype
 
-    def flush() -> None:
-        nonlocal pending, pending_bytes
-        save_file(pending, str(out / f".part-{len(sizes):05d}"), metadata={"format": "pt"})
-        weight_map.update({n: len(sizes) for n in pending})
-        sizes.append(pending_bytes)
-        pending, pending_bytes = {}, 0
 
-    for name in tqdm_iter(names, "migrate"):
-        tensor = cast(source.get(name)).contiguous()
-        nbytes = tensor.numel() * tensor.element_size()
-        if pending and pending_bytes + nbytes > max_shard_bytes:
-            flush()
-        pending[name] = tensor
-        pending_bytes += nbytes
-    if pending:
-        flush()
-    n = len(sizes)
-    final = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    for i, fname in enumerate(final):
-        os.rename(out / f".part-{i:05d}", out / fname)
-    if n > 1:
-        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": {k: final[v] for k, v in weight_map.items()}}
+def _write_safetensors(source: TensorSource, names: list[str], dtype: str | None, out: Path, max_shard: int) -> int:
+    """The tensors as model.safetensors, or above max_shard bytes as Hugging Face's sharded files
+    (model-0000i-of-0000n.safetensors, split by huggingface_hub's rule) with their index; the tensors of one output
+    file are held at a time. Returns the number of files."""
+    sizes = {}
+    for name in names:
+        shape, stored = source.meta(name)
+        sizes[name] = math.prod(shape) * _written_dtype(stored, dtype).itemsize
+    split = split_state_dict_into_shards_factory(
+        sizes, get_storage_size=int, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard
+    )
+    cast = _cast(dtype)
+    total = sum(sizes.values())
+    with tqdm(total=total, desc="migrate", unit="B", unit_scale=True, disable=None, file=sys.stderr) as bar:
+        for filename, members in split.filename_to_tensors.items():
+            tensors = {}
+            for name in members:
+                tensors[name] = cast(source.get(name)).contiguous()
+                bar.update(sizes[name])
+            save_file(tensors, str(out / filename), metadata={"format": "pt"})
+            del tensors
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return n
+    return len(split.filename_to_tensors)
 
 
 def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
@@ -232,7 +226,7 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
     names = source.keys()
     with staged_destination(dest, opts.overwrite) as out:
-        files = _write_safetensors(source, names, _cast(opts.dtype), out, opts.max_shard_bytes)
+        files = _write_safetensors(source, names, opts.dtype, out, opts.max_shard_bytes)
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         if optimizer is not None:

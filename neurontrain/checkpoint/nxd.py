@@ -21,10 +21,14 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.checkpoint.formats import load_torch_file
+from neurontrain.checkpoint.formats import TensorSource, load_torch_file, read_piece
+from neurontrain.checkpoint.mapped import MappedFiles, narrowed, nbytes
 from neurontrain.errors import UsageError
-from neurontrain.parallel.nxd_layout import SPEC_FILE, fuse_rank, fused_groups
-from neurontrain.parallel.rules import ShardingSpec, merge, rule_for, shard, split_fused, stage_of
+from neurontrain.logs import get_logger
+from neurontrain.parallel.nxd_layout import MOMENTS, SPEC_FILE, fuse_rank, fused_groups, unfuse_moments
+from neurontrain.parallel.rules import ShardingSpec, merge, piece_of, rule_for, split_fused, stage_of
+
+log = get_logger(__name__)
 
 _FILE = re.compile(r"dp_rank_(\d+)_tp_rank_(\d+)_pp_rank_(\d+)\.pt$")
 _OLD_DIR = re.compile(r"tp_rank_(\d+)_pp_rank_(\d+)$")
@@ -39,13 +43,17 @@ def is_nxd_checkpoint(path: Path) -> bool:
 
 def rank_tensors(
     spec: ShardingSpec,
-    get: Callable[[str], torch.Tensor],
+    source: TensorSource,
     names: list[str],
     tp: int,
     cast: Callable[[torch.Tensor], torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """One rank's {neuron name: shard} for the given HF names (all on this rank's stage)."""
-    return fuse_rank(spec, names, lambda name, rule: shard(spec, rule, cast(get(name)), tp))
+    """One rank's {neuron name: shard} for the given HF names (all on this rank's stage), each read by slice."""
+
+    def piece(name: str, rule: str) -> torch.Tensor:
+        return cast(read_piece(source, name, piece_of(spec, rule, source.meta(name)[0], tp)))
+
+    return fuse_rank(spec, names, piece)
 
 
 def stage_names(spec: ShardingSpec, pp: int) -> list[str]:
@@ -77,8 +85,9 @@ class NxdReader:
                 f"{directory}: {len(self.files)} shard files for tp {found_tp} x pp {found_pp}, but the "
                 f"spec says tp {spec.tp} x pp {spec.pp}"
             )
-        self._stage: int | None = None
-        self._open: dict[int, dict] = {}
+        self._mapped = MappedFiles(_load_rank_file)
+        if any(_is_xser(p) for p in self.files.values()):
+            log.info("%s holds xser shards, which cannot be memory-mapped: each rank file is loaded whole", directory)
         config = directory / "config.json"
         self.config = json.loads(config.read_text()) if config.is_file() else None
         self.description = f"NxD tp {spec.tp} pp {spec.pp} {directory}"
@@ -101,11 +110,6 @@ class NxdReader:
             raise UsageError(f"{self.directory}: no per-rank shard files (model/dp_rank_*_tp_rank_*_pp_rank_*.pt)")
         return files
 
-    def _load_stage(self, stage: int) -> None:
-        if self._stage != stage:
-            self._open = {tp: _load_rank_file(self.files[(tp, stage)]) for tp in range(self.spec.tp)}
-            self._stage = stage
-
     def keys(self) -> list[str]:
         return list(self.spec.names)
 
@@ -113,53 +117,67 @@ class NxdReader:
         """One rank file's {neuron name: tensor}, as written (no merging)."""
         return _load_rank_file(self.files[(tp, pp)])
 
-    def get(self, name: str) -> torch.Tensor:
-        spec = self.spec
-        stage = stage_of(spec, name)
-        self._load_stage(stage)
-        target = self._target[name]
-        rule = rule_for(spec, name)
+    def _pieces(self, name: str) -> list[torch.Tensor]:
+        stage, rule, target = stage_of(self.spec, name), rule_for(self.spec, name), self._target[name]
         pieces = []
-        for tp in range(spec.tp):
+        for tp in range(self.spec.tp):
+            path = self.files[(tp, stage)]
             try:
-                piece = self._open[tp][target]
+                piece = self._mapped[path][target]
             except KeyError:
-                raise UsageError(f"{self.files[(tp, stage)]} lacks {target}") from None
+                raise UsageError(f"{path} lacks {target}") from None
             if len(self._groups[target]) > 1:
-                piece = split_fused(spec, "qkv" if rule in ("q", "k", "v") else "gate_up", piece)[rule]
+                piece = split_fused(self.spec, "qkv" if rule in ("q", "k", "v") else "gate_up", piece)[rule]
             pieces.append(piece)
-        return merge(spec, rule, pieces)
+        return pieces
+
+    def get(self, name: str) -> torch.Tensor:
+        tensor = merge(self.spec, rule_for(self.spec, name), self._pieces(name))
+        self._mapped.read(nbytes(tensor))
+        return tensor
+
+    def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        return narrowed(self.get(name), dim, start, stop)
 
     def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
-        tensor = self.get(name)
-        return tuple(tensor.shape), tensor.dtype
+        """The merged tensor's shape and dtype, from the pieces' (no tensor data is read)."""
+        pieces = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in self._pieces(name)]
+        merged = merge(self.spec, rule_for(self.spec, name), pieces)
+        return tuple(merged.shape), merged.dtype
 
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """AdamW state under HF names, read one rank file at a time: each file's pieces are copied out before the
+        next is mapped, and every tensor is merged once all its pieces are read."""
         optim = self.directory / "optim"
         if not optim.is_dir():
             return None
-        out: dict[str, dict[str, torch.Tensor]] = {}
         spec = self.spec
-        per_file = {key: _load_rank_file(optim / path.name) for key, path in self.files.items()}
-        for name in spec.names:
-            stage, rule, target = stage_of(spec, name), rule_for(spec, name), self._target[name]
-            state: dict[str, torch.Tensor] = {}
-            for moment in ("exp_avg", "exp_avg_sq"):
-                pieces = []
-                for tp in range(spec.tp):
-                    piece = per_file[(tp, stage)][target][moment]
-                    if len(self._groups[target]) > 1:
-                        piece = split_fused(spec, "qkv" if rule in ("q", "k", "v") else "gate_up", piece)[rule]
-                    pieces.append(piece)
-                state[moment] = merge(spec, rule, pieces)
-            # a copy for each member of a fused group: AdamW adds to a tensor step in place, once per parameter
-            state["step"] = torch.as_tensor(per_file[(0, stage)][target]["step"]).clone()
-            out[name] = state
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for stage in range(spec.pp):
+            names = stage_names(spec, stage)
+            pieces: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name in names}
+            for tp in range(spec.tp):
+                path = optim / self.files[(tp, stage)].name
+                try:
+                    rank = unfuse_moments(spec, names, _load_rank_file(path))
+                except KeyError as exc:
+                    raise UsageError(f"{path} lacks the optimizer state of {exc.args[0]}") from None
+                for name in names:
+                    pieces[name].append({k: v.clone() for k, v in rank[name].items()})
+                del rank
+            for name in names:
+                ranks, rule = pieces.pop(name), rule_for(spec, name)
+                out[name] = {kind: merge(spec, rule, [r[kind] for r in ranks]) for kind in MOMENTS}
+                out[name]["step"] = ranks[0]["step"]
         return out
 
 
+def _is_xser(path: Path) -> bool:
+    return (path.parent / (path.name + ".tensors")).is_dir()
+
+
 def _load_rank_file(path: Path) -> dict:
-    if (path.parent / (path.name + ".tensors")).is_dir():
+    if _is_xser(path):
         import torch_xla.utils.serialization as xser  # lazy: torch_xla only for xser-format shards
 
         try:

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from transformers.utils.hub import convert_file_size_to_int
+
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.checkpoint.report import describe, inspect_checkpoint
 from neurontrain.checkpoint.verify import compare, logits_diff, open_pair
@@ -26,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mig.add_argument("--with-optimizer", action="store_true", help="also migrate AdamW moments")
     mig.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
     mig.add_argument("--overwrite", action="store_true", help="replace an existing DST")
-    mig.add_argument("--max-shard-size", type=int, default=2048, help="MiB per safetensors file (--to gpu)")
+    mig.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="largest safetensors file --to gpu writes, as Hugging Face writes sizes: 5GB (the default), 500MB, 2GiB",
+    )
     mig.add_argument(
         "--pad-vocab-to-multiple-of",
         type=int,
@@ -66,11 +72,18 @@ def _migrate(args: argparse.Namespace) -> int:
         MigrateOptions,
         args,
         config=Path(args.config) if args.config else None,
-        max_shard_bytes=args.max_shard_size << 20,
+        max_shard_bytes=_size_in_bytes(args.max_shard_size),
         pad_vocab_multiple=args.pad_vocab_to_multiple_of,
     )
     print(json.dumps(migrate(Path(args.src), Path(args.dst), options)))
     return 0
+
+
+def _size_in_bytes(size: str) -> int:
+    try:
+        return convert_file_size_to_int(size.strip())
+    except ValueError:
+        raise UsageError(f"--max-shard-size {size!r}: a whole number and a unit, e.g. 5GB, 500MB or 2GiB") from None
 
 
 def _verify(args: argparse.Namespace) -> int:

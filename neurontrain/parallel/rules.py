@@ -230,43 +230,62 @@ def neuron_name(spec: ShardingSpec, name: str, rule: str) -> str:
     return name
 
 
-def shard(spec: ShardingSpec, rule: str, tensor: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s piece of a full tensor (q/k/v/gate/up pieces are fused by the caller)."""
+@dataclass(frozen=True)
+class Piece:
+    """A rank's piece of a tensor: indices [start, stop) of `dim` (the whole tensor when dim is None), with
+    `zero_rows` zero rows appended (vocabulary padding). Every rule's piece is one contiguous range, so a reader
+    can fetch it without reading the rest of the tensor."""
+
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+    zero_rows: int = 0
+
+
+def piece_of(spec: ShardingSpec, rule: str, shape: tuple[int, ...], rank: int) -> Piece:
+    """Where rank `rank`'s piece of a tensor of this shape lies (q/k/v/gate/up pieces are fused by the caller)."""
     tp = spec.tp
     if rule == "replicate":
-        return tensor
+        return Piece()
     if rule == "vocab" and spec.vocab_padding:
-        return padded_vocab_shard(spec, tensor, rank)
-    if rule in ("vocab", "column", "gate", "up"):
-        return tensor.chunk(tp, dim=0)[rank] if tensor.shape[0] % tp == 0 else _indivisible(tensor, 0, tp)
-    if rule == "row":
-        return tensor.chunk(tp, dim=1)[rank] if tensor.shape[1] % tp == 0 else _indivisible(tensor, 1, tp)
-    if rule == "q":
-        return tensor.index_select(0, _rows_of_heads(query_heads_of_rank(spec, rank), spec.head_dim))
-    if rule in ("k", "v"):
-        return tensor.index_select(0, _rows_of_heads(kv_heads_of_rank(spec, rank), spec.head_dim))
-    if rule == "o":
-        return tensor.index_select(1, _rows_of_heads(query_heads_of_rank(spec, rank), spec.head_dim))
+        if shape[0] != spec.vocab_size:
+            raise UsageError(
+                f"a vocabulary tensor of shape {tuple(shape)} does not match the config's "
+                f"vocab_size {spec.vocab_size}, so it cannot be padded to {spec.vocab_rows} rows"
+            )
+        per_rank = spec.vocab_rows // tp
+        start = min(rank * per_rank, spec.vocab_size)
+        stop = min((rank + 1) * per_rank, spec.vocab_size)
+        return Piece(0, start, stop, per_rank - (stop - start))
+    if rule in ("vocab", "column", "gate", "up", "row"):
+        dim = 1 if rule == "row" else 0
+        if shape[dim] % tp:
+            raise UsageError(f"a tensor of shape {tuple(shape)} cannot be split {tp} ways on dim {dim}")
+        size = shape[dim] // tp
+        return Piece(dim, rank * size, (rank + 1) * size)
+    if rule in ("q", "k", "v", "o"):
+        heads = kv_heads_of_rank(spec, rank) if rule in ("k", "v") else query_heads_of_rank(spec, rank)
+        return Piece(1 if rule == "o" else 0, heads[0] * spec.head_dim, (heads[-1] + 1) * spec.head_dim)
     raise ValueError(rule)
 
 
-def _indivisible(tensor: torch.Tensor, dim: int, tp: int):
-    raise UsageError(f"a tensor of shape {tuple(tensor.shape)} cannot be split {tp} ways on dim {dim}")
+def with_zero_rows(piece: Piece, part: torch.Tensor) -> torch.Tensor:
+    """The piece's rows as read, with its zero rows appended."""
+    if not piece.zero_rows:
+        return part
+    return torch.cat([part, part.new_zeros((piece.zero_rows, *part.shape[1:]))], dim=0)
 
 
-def padded_vocab_shard(spec: ShardingSpec, tensor: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s rows of the tensor as if zero-padded to spec.vocab_rows (the padding is never built whole)."""
-    if tensor.shape[0] != spec.vocab_size:
-        raise UsageError(
-            f"a vocabulary tensor of shape {tuple(tensor.shape)} does not match the config's "
-            f"vocab_size {spec.vocab_size}, so it cannot be padded to {spec.vocab_rows} rows"
-        )
-    per_rank = spec.vocab_rows // spec.tp
-    start = min(rank * per_rank, spec.vocab_size)
-    real = tensor[start : min((rank + 1) * per_rank, spec.vocab_size)]
-    if real.shape[0] == per_rank:
-        return real
-    return torch.cat([real, real.new_zeros((per_rank - real.shape[0], *tensor.shape[1:]))], dim=0)
+def cut(piece: Piece, tensor: torch.Tensor) -> torch.Tensor:
+    """The piece of a full tensor (a view where no padding is added)."""
+    if piece.dim is None:
+        return tensor
+    return with_zero_rows(piece, tensor.narrow(piece.dim, piece.start, piece.stop - piece.start))
+
+
+def shard(spec: ShardingSpec, rule: str, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank `rank`'s piece of a full tensor (q/k/v/gate/up pieces are fused by the caller)."""
+    return cut(piece_of(spec, rule, tuple(tensor.shape), rank), tensor)
 
 
 def merge(spec: ShardingSpec, rule: str, pieces: list[torch.Tensor]) -> torch.Tensor:

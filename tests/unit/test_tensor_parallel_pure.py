@@ -2,11 +2,14 @@
 run writes and reads), the limits refused before any worker starts, and per-rank checkpoint files."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from test_parallel_layouts import LLAMA_NAMES
 
+from neurontrain.checkpoint.formats import SafetensorsSource
 from neurontrain.checkpoint.nxd import rank_tensors
 from neurontrain.errors import UsageError
 from neurontrain.loop.checkpoints import save_checkpoint
@@ -25,14 +28,16 @@ def _spec(tp: int, kv: int = 2, vocab: int = 64, fuse_qkv: bool = False) -> Shar
 
 
 @pytest.mark.parametrize("fuse_qkv", [False, True])
-def test_a_ranks_pieces_fuse_like_migrate_and_split_back(fuse_qkv: bool):
+def test_a_ranks_pieces_fuse_like_migrate_and_split_back(fuse_qkv: bool, tmp_path: Path):
     torch.manual_seed(0)
     spec = _spec(2, fuse_qkv=fuse_qkv)
     full = {name: torch.randn(shape) for name, shape in zip(NAMES, SHAPES)}
+    save_file(full, str(tmp_path / "model.safetensors"))
+    source = SafetensorsSource([tmp_path / "model.safetensors"], None, "test", "safetensors", "save_file")
     for rank in range(2):
         pieces = {name: shard(spec, rule_for(spec, name), full[name], rank) for name in NAMES}
         fused = fuse_rank(spec, NAMES, lambda name, rule, pieces=pieces: pieces[name])
-        migrated = rank_tensors(spec, full.__getitem__, NAMES, rank, lambda t: t)
+        migrated = rank_tensors(spec, source, NAMES, rank, lambda t: t)
         assert fused.keys() == migrated.keys() and all(torch.equal(fused[k], migrated[k]) for k in fused)
         back = unfuse_rank(spec, NAMES, fused)
         assert back.keys() == pieces.keys() and all(torch.equal(back[n], pieces[n]) for n in NAMES)

@@ -1,0 +1,51 @@
+"""Torch files loaded memory-mapped and let go again after a budget of bytes read through them.
+
+`torch.load(mmap=True)` reads a file's pickle and maps its tensor data; the pages a read touches then stay
+resident in this process for as long as the file stays mapped. Keeping every file of a checkpoint mapped while
+converting it therefore grows the process to the size of the checkpoint, however little of it is held at once.
+`MappedFiles` drops its mappings after `budget` bytes have been read through them (the next read maps the file
+again, which costs one unpickling of its small index), so at most about `budget` bytes of mapped pages are resident
+besides the tensors the caller still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+READ_BUDGET_BYTES = 256 << 20
+
+
+class MappedFiles:
+    def __init__(self, load: Callable[[Path], dict], budget: int = READ_BUDGET_BYTES) -> None:
+        self._load, self.budget = load, budget
+        self._open: dict[Path, dict] = {}
+        self._read = 0
+        self.loads = 0  # files mapped so far, counting each mapping again
+
+    def __getitem__(self, path: Path) -> dict:
+        if path not in self._open:
+            self._open[path] = self._load(path)
+            self.loads += 1
+        return self._open[path]
+
+    def read(self, nbytes: int) -> None:
+        """Count bytes read through the mappings; past the budget every mapping is let go."""
+        self._read += nbytes
+        if self._read >= self.budget:
+            self.release()
+
+    def release(self) -> None:
+        self._open.clear()
+        self._read = 0
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def narrowed(tensor: torch.Tensor, dim: int, start: int, stop: int) -> torch.Tensor:
+    """An owned copy of indices [start, stop) of `dim`."""
+    return tensor.narrow(dim, start, stop - start).clone()
