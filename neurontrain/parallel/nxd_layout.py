@@ -40,8 +40,16 @@ def fuse_rank(
     out = {}
     for target, members in fused_groups(spec, names).items():
         parts = [piece(name, rule) for name, rule in members]
-        out[target] = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).contiguous().clone()
+        out[target] = owned(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
     return out
+
+
+def owned(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor if it is contiguous and alone in its storage, else a contiguous copy: torch.save writes a
+    view's whole storage, and a piece must not share memory with the tensor it was cut from."""
+    storage = tensor.untyped_storage()
+    alone = tensor.storage_offset() == 0 and storage.nbytes() == tensor.numel() * tensor.element_size()
+    return tensor if alone and tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
 
 
 def unfuse_rank(spec: ShardingSpec, names: list[str], fused: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
