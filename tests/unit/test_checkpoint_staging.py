@@ -46,6 +46,7 @@ def test_group_leftovers_takes_only_the_siblings_of_that_destination():
         ".nxd.partial-xyz",  # not a token
         ".nxd2.partial-0a1b",  # another destination
         ".nxd.partial-0a1b.tmp",
+        ".nxd.lock-0a1b.new",  # a lock file before it is locked and renamed
         "nxd",
         ".a.b.partial-12",
     ]
