@@ -67,6 +67,7 @@ def test_sigkill_during_migrate_then_the_same_command_finishes_and_cleans_up(tmp
             proc.kill()
     (partial,) = tmp_path.glob(".nxd.partial-*")
     assert len(list((partial / "model").iterdir())) < 8 and not dest.exists()
+    assert len(list(tmp_path.glob(".nxd.lock-*"))) == 1  # its lock file, no longer held
 
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-2000:]
