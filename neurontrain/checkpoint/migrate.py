@@ -12,12 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
-import shutil
 import sys
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +31,7 @@ from neurontrain.checkpoint.nxd import (
     stage_names,
 )
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
+from neurontrain.checkpoint.staging import staged_destination
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.parallel.nxd_layout import fuse_moments, rank_file
@@ -75,28 +71,6 @@ class MigrateOptions:
             raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
         if self.pad_vocab_multiple is not None and self.to != "neuron":
             raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
-
-
-@contextmanager
-def staged_destination(dest: Path, overwrite: bool) -> Iterator[Path]:
-    """A temporary sibling directory that becomes `dest` only when the body completes."""
-    if dest.exists() and not overwrite:
-        raise UsageError(f"{dest} exists (use --overwrite to replace it)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = dest.parent / f".{dest.name}.partial-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        yield staging
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(dest, old)
-            os.rename(staging, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(staging, dest)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def save_and_free(obj: dict, path: Path) -> None:
