@@ -19,8 +19,8 @@ READ_BUDGET_BYTES = 256 << 20
 
 
 class MappedFiles:
-    def __init__(self, load: Callable[[Path], dict], budget: int = READ_BUDGET_BYTES) -> None:
-        self._load, self.budget = load, budget
+    def __init__(self, load: Callable[[Path], dict], budget: int | None = None) -> None:
+        self._load, self.budget = load, budget or READ_BUDGET_BYTES
         self._open: dict[Path, dict] = {}
         self._read = 0
         self.loads = 0  # files mapped so far, counting each mapping again
