@@ -1,10 +1,12 @@
-"""`neurontrain checkpoint migrate`: GPU checkpoints <-> Neuron (NxD) per-rank shards, streaming.
+"""`neurontrain checkpoint migrate`: GPU checkpoints <-> Neuron (NxD) per-rank shards, in bounded memory.
 
-Tensors are read one at a time and each output file is written before the next one is built, so peak
-memory stays near the largest output file. The destination is built in a temporary sibling directory and
-renamed into place when complete; an existing destination is refused unless overwrite is asked for.
-A vocabulary that TP does not divide is zero-padded on the way to Neuron (see parallel/rules.py) and the padding is
-stripped on the way back; checkpoint_spec.json records both sizes.
+`--to neuron` reads each rank's piece of each tensor by slice (rules.piece_of: one contiguous range per rule) and
+writes the rank files one at a time: it holds one output file plus one tensor. `--to gpu` plans the output files
+from the tensors' shapes (huggingface_hub's split) and builds them one at a time, reading the rank files through
+mappings that are let go after a budget of bytes (mapped.py). The destination is built in a hidden sibling
+directory and renamed into place when complete (staging.py). A vocabulary that TP does not divide is zero-padded
+on the way to Neuron (see parallel/rules.py) and the padding is stripped on the way back; checkpoint_spec.json
+records both sizes.
 """
 
 from __future__ import annotations
