@@ -81,7 +81,7 @@ def save_and_free(obj: dict, path: Path) -> None:
     files of 166 MB each were all still held when the last was written)."""
     torch.save(obj, path)
     del obj
-    gc.collect()
+    gc.collect(1)
 
 
 def _cast(dtype: str | None):

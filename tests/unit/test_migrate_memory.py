@@ -59,8 +59,8 @@ def _file_mappings() -> list[tuple[int, int, str]]:
 
 
 def anonymous_tensor_bytes() -> int:
-    """Bytes of the storages of live tensors that lie outside every file mapping."""
-    gc.collect()
+    """Bytes of the storages of tensors outside every file mapping that are still in memory: no collection runs
+    first, so tensors that only a reference cycle keeps (garbage not yet collected) count too."""
     files = _file_mappings()
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
