@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
+from neurontrain.checkpoint.mapped import PiecewiseWriter
 from neurontrain.checkpoint.matching import MappedSource, check_loads
 from neurontrain.checkpoint.nxd import (
     SPEC_FILE,
@@ -33,6 +33,7 @@ from neurontrain.checkpoint.nxd import (
     stage_names,
 )
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
+from neurontrain.checkpoint.safetensors_writer import write_safetensors
 from neurontrain.checkpoint.staging import staged_destination
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
@@ -79,7 +80,8 @@ def save_and_free(obj: dict, path: Path) -> None:
     """torch.save, then a garbage collection: torch.save's pickler closes a reference cycle over every storage it
     wrote, so without one each written file's tensors stay in memory until the collector happens to run (eight rank
     files of 166 MB each were all still held when the last was written)."""
-    torch.save(obj, path)
+    with open(path, "wb") as file:
+        torch.save(obj, PiecewiseWriter(file))
     del obj
     gc.collect(1)
 
@@ -174,25 +176,27 @@ def _written_dtype(dtype: torch.dtype, target: str | None) -> torch.dtype:
 
 def _write_safetensors(source: TensorSource, names: list[str], dtype: str | None, out: Path, max_shard: int) -> int:
     """The tensors as model.safetensors, or above max_shard bytes as Hugging Face's sharded files
-    (model-0000i-of-0000n.safetensors, split by huggingface_hub's rule) with their index; the tensors of one output
-    file are held at a time. Returns the number of files."""
-    sizes = {}
+    (model-0000i-of-0000n.safetensors, split by huggingface_hub's rule) with their index; each file is written a
+    tensor at a time. Returns the number of files."""
+    metas = {}
     for name in names:
         shape, stored = source.meta(name)
-        sizes[name] = math.prod(shape) * _written_dtype(stored, dtype).itemsize
+        metas[name] = shape, _written_dtype(stored, dtype)
+    sizes = {name: math.prod(shape) * written.itemsize for name, (shape, written) in metas.items()}
     split = split_state_dict_into_shards_factory(
         sizes, get_storage_size=int, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard
     )
     cast = _cast(dtype)
-    total = sum(sizes.values())
-    with tqdm(total=total, desc="migrate", unit="B", unit_scale=True, disable=None, file=sys.stderr) as bar:
+    with tqdm(
+        total=sum(sizes.values()), desc="migrate", unit="B", unit_scale=True, disable=None, file=sys.stderr
+    ) as bar:
+
+        def tensor(name: str) -> torch.Tensor:
+            bar.update(sizes[name])
+            return cast(source.get(name))
+
         for filename, members in split.filename_to_tensors.items():
-            tensors = {}
-            for name in members:
-                tensors[name] = cast(source.get(name)).contiguous()
-                bar.update(sizes[name])
-            save_file(tensors, str(out / filename), metadata={"format": "pt"})
-            del tensors
+            write_safetensors(out / filename, {n: metas[n] for n in members}, tensor, {"format": "pt"})
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
