@@ -36,6 +36,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# verbs that never use an XLA device: transformers and accelerate are told not to import torch_xla (their
+# USE_TORCH_XLA flag), which they otherwise do as soon as a model config is read (about 2 s of start-up)
+HOST_ONLY_VERBS = {"checkpoint"}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints the whole usage otherwise)
         raise UsageError(f"{self.prog}: {message}")
@@ -58,6 +63,8 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, ModuleTy
     for verb, (module_path, help_text) in COMMANDS.items():
         verb_parser = verbs.add_parser(verb, help=help_text)
         if verb == chosen:
+            if verb in HOST_ONLY_VERBS:
+                os.environ.setdefault("USE_TORCH_XLA", "0")
             module = importlib.import_module(module_path)
             module.add_arguments(verb_parser)
     return parser, module
