@@ -6,20 +6,25 @@ same bytes, on a generated Hugging Face Llama checkpoint of at least 2 GB (no do
 The checkpoint: LlamaForCausalLM in bf16 (hidden 4096, intermediate 11008, 32 query / 8 KV heads, vocab 32000,
 untied head; 6 layers make 2.65 GB), its tensor names and shapes those of the model built on the meta device, the
 values seeded random normals generated one tensor at a time, written one shard at a time as two safetensors files
-with model.safetensors.index.json and config.json. A tiny checkpoint of the same architecture gives the fixed
-interpreter baseline (imports, the model built on meta, the CLI itself): the peak RSS of the same command on it.
+with model.safetensors.index.json and config.json (by a child process: torch stays out of this one, whose RSS at
+fork counts in every child's ru_maxrss). A tiny checkpoint of the same architecture gives the fixed interpreter
+baseline (imports, the model built on meta, the CLI itself): the same command's peak RSS and seconds on it.
 
-An untimed first pass migrates to NxD (kept: the input of the `--to gpu` runs) and back, and checks the round trip
-with `checkpoint verify --json` (`round_trip_identical`: exit 0 and bit-identical). Then each of --rounds rounds
-runs, in a rotated order, `cp -r` of the HF directory, `--to neuron`, `cp -r` of the NxD directory and `--to gpu`,
-each a fresh process writing to a fresh destination that is deleted after measuring (`sync` before each run, so no
-run pays for the previous one's writes). Per direction:
+A first pass migrates each checkpoint to NxD (kept: the input of the `--to gpu` runs) and back, and checks the round
+trip with `checkpoint verify --json` (`round_trip_identical`: exit 0 and bit-identical). Then each of --rounds
+rounds runs, in an order rotated by one per round, `cp -r` of the HF directory, `--to neuron`, `cp -r` of the NxD
+directory, `--to gpu` and both directions on the tiny checkpoint, each a fresh process writing to a fresh
+destination that is deleted after measuring (`sync` before each run, so no run pays for the previous one's writes).
+Per direction:
 
 - `seconds`: wall time of the migrate process (interpreter start-up included), the median of the rounds;
 - `throughput_vs_cp`: cp's seconds over migrate's in the same round, the median of the rounds' ratios (cp of the
   directory that the migrate reads: the HF one for `--to neuron`, the NxD one for `--to gpu`);
+  `throughput_vs_cp_after_startup`: the same with the tiny run's seconds of that round taken off migrate's;
 - `peak_rss_bytes`: the migrate process's own ru_maxrss (os.wait4 on it), the largest of the rounds, beside
-  `baseline_rss_bytes` (the tiny checkpoint, same direction) and `largest_output_file_bytes`;
+  `baseline_rss_bytes` (the tiny checkpoint, same direction, median) and `largest_output_file_bytes`; ru_maxrss
+  counts mapped file pages (safetensors reads through mmap) as well as anonymous memory, so the peaks of each
+  share, sampled every 20 ms from /proc/PID/status, come with it (`peak_rss_anon_sampled_bytes`, `..._file_...`);
 - `rss_vs_largest_output_file`: (peak - baseline) / largest output file; `peak_rss_vs_largest_output_file`: the
   same without subtracting the baseline.
 
@@ -49,7 +54,6 @@ TINY = {
     "vocab_size": 256,
     "num_hidden_layers": 2,
 }
-CONTENDERS = ("cp_hf", "to_neuron", "cp_nxd", "to_gpu")
 
 
 def tensor_shapes(config) -> dict:
@@ -128,32 +132,55 @@ def migrate_command(src: Path, dst: Path, to: str, tp: int) -> list[str]:
     return cmd + (["--tp", str(tp)] if to == "neuron" else [])
 
 
-def measured(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds of `cmd` in a fresh process and that process's own peak RSS in bytes (its ru_maxrss, from
-    os.wait4 on its pid: RUSAGE_CHILDREN would be the largest of all children so far)."""
+def sample_rss(pid: int, peaks: dict[str, int]) -> None:
+    """Raise `peaks` (RssAnon, RssFile in bytes) to the process's current figures from /proc/PID/status."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in peaks:
+            peaks[key] = max(peaks[key], int(value.split()[0]) * 1024)
+
+
+def measured(cmd: list[str]) -> dict:
+    """Wall seconds of `cmd` in a fresh process and that process's own peak RSS in bytes: its ru_maxrss, from
+    os.wait4 on its pid (RUSAGE_CHILDREN would be the largest of all children so far), and the peaks of its
+    anonymous and file-backed (mmap) shares, sampled every 20 ms."""
+    peaks = {"RssAnon": 0, "RssFile": 0}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        _, status, usage = os.wait4(proc.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            sample_rss(proc.pid, peaks)
+            time.sleep(0.02)
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             err.seek(0)
             tail = err.read()[-3000:].decode(errors="replace")
             raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
-    return seconds, usage.ru_maxrss * 1024
+    return {
+        "seconds": seconds,
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "peak_rss_anon_sampled_bytes": peaks["RssAnon"],
+        "peak_rss_file_sampled_bytes": peaks["RssFile"],
+    }
 
 
 def run_once(cmd: list[str], dst: Path, keep: bool = False) -> dict:
     """One measured run writing `dst`, with what it wrote; `dst` is deleted afterwards unless `keep`."""
     os.sync()
-    seconds, peak_rss = measured(cmd)
+    run = measured(cmd)
     sizes = file_sizes(dst)
     if not keep:
         shutil.rmtree(dst)
     return {
-        "seconds": seconds,
-        "peak_rss_bytes": peak_rss,
+        **run,
         "output_files": len(sizes),
         "output_bytes": sum(sizes),
         "largest_output_file_bytes": max(sizes),
@@ -196,17 +223,20 @@ def first_pass(work: Path, name: str, dims: dict, tp: int) -> tuple[Path, Path, 
     return hf, nxd, runs
 
 
-def timed_rounds(work: Path, hf: Path, nxd: Path, rounds: int, tp: int) -> dict[str, list[dict]]:
-    """Each round runs every contender once, in an order rotated by one per round."""
+def timed_rounds(work: Path, sources: dict[str, Path], rounds: int, tp: int) -> dict[str, list[dict]]:
+    """Each round runs every contender once, in an order rotated by one per round. `sources`: the directories
+    big-hf, big-nxd, tiny-hf, tiny-nxd."""
     commands = {
-        "cp_hf": lambda dst: ["cp", "-r", str(hf), str(dst)],
-        "to_neuron": lambda dst: migrate_command(hf, dst, "neuron", tp),
-        "cp_nxd": lambda dst: ["cp", "-r", str(nxd), str(dst)],
-        "to_gpu": lambda dst: migrate_command(nxd, dst, "gpu", tp),
+        "cp_hf": lambda dst: ["cp", "-r", str(sources["big-hf"]), str(dst)],
+        "to_neuron": lambda dst: migrate_command(sources["big-hf"], dst, "neuron", tp),
+        "cp_nxd": lambda dst: ["cp", "-r", str(sources["big-nxd"]), str(dst)],
+        "to_gpu": lambda dst: migrate_command(sources["big-nxd"], dst, "gpu", tp),
+        "tiny_to_neuron": lambda dst: migrate_command(sources["tiny-hf"], dst, "neuron", tp),
+        "tiny_to_gpu": lambda dst: migrate_command(sources["tiny-nxd"], dst, "gpu", tp),
     }
-    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
     for r in range(rounds):
-        order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]
+        order = list(commands)[r % len(commands) :] + list(commands)[: r % len(commands)]
         for name in order:
             dst = work / f"round{r}-{name}"
             runs[name].append(run_once(commands[name](dst), dst))
@@ -217,27 +247,37 @@ def timed_rounds(work: Path, hf: Path, nxd: Path, rounds: int, tp: int) -> dict[
 def summary_line(runs: dict) -> str:
     return ", ".join(
         f"{name} {run['seconds']:.1f} s / {run['peak_rss_bytes'] / 1e9:.2f} GB RSS"
+        f" ({run['peak_rss_anon_sampled_bytes'] / 1e9:.2f} anon)"
         for name, run in runs.items()
         if "seconds" in run
     )
 
 
-def direction(runs: list[dict], cp_runs: list[dict], baseline: dict) -> dict:
-    seconds = [run["seconds"] for run in runs]
-    cp_seconds = [run["seconds"] for run in cp_runs]
+def direction(runs: list[dict], cp_runs: list[dict], baseline_runs: list[dict]) -> dict:
+    """One direction's figures: `runs` of the migrate, `cp_runs` of cp -r of its input, `baseline_runs` of the
+    same migrate on the tiny checkpoint, one of each per round."""
+
+    def each(key: str, rows: list[dict]) -> list:
+        return [row[key] for row in rows]
+
+    seconds, cp_seconds, baseline_seconds = (each("seconds", rows) for rows in (runs, cp_runs, baseline_runs))
     ratios = [cp / s for cp, s in zip(cp_seconds, seconds, strict=True)]
-    peak = max(run["peak_rss_bytes"] for run in runs)
+    after_startup = [cp / (s - b) for cp, s, b in zip(cp_seconds, seconds, baseline_seconds, strict=True)]
+    peak, baseline = max(each("peak_rss_bytes", runs)), statistics.median(each("peak_rss_bytes", baseline_runs))
     largest = runs[-1]["largest_output_file_bytes"]
     return {
         "seconds": statistics.median(seconds),
         "cp_seconds": statistics.median(cp_seconds),
         "throughput_vs_cp": statistics.median(ratios),
+        "baseline_seconds": statistics.median(baseline_seconds),
+        "throughput_vs_cp_after_startup": statistics.median(after_startup),
         "peak_rss_bytes": peak,
-        "baseline_rss_bytes": baseline["peak_rss_bytes"],
-        "baseline_seconds": baseline["seconds"],
+        "baseline_rss_bytes": baseline,
         "largest_output_file_bytes": largest,
-        "rss_vs_largest_output_file": (peak - baseline["peak_rss_bytes"]) / largest,
+        "rss_vs_largest_output_file": (peak - baseline) / largest,
         "peak_rss_vs_largest_output_file": peak / largest,
+        "peak_rss_anon_sampled_bytes": max(each("peak_rss_anon_sampled_bytes", runs)),
+        "peak_rss_file_sampled_bytes": max(each("peak_rss_file_sampled_bytes", runs)),
         "input_files": cp_runs[-1]["output_files"],
         "input_bytes": cp_runs[-1]["output_bytes"],
         "output_files": runs[-1]["output_files"],
@@ -245,16 +285,19 @@ def direction(runs: list[dict], cp_runs: list[dict], baseline: dict) -> dict:
         "rounds": {
             "seconds": seconds,
             "cp_seconds": cp_seconds,
+            "baseline_seconds": baseline_seconds,
             "throughput_vs_cp": ratios,
-            "peak_rss_bytes": [run["peak_rss_bytes"] for run in runs],
+            "peak_rss_bytes": each("peak_rss_bytes", runs),
+            "baseline_rss_bytes": each("peak_rss_bytes", baseline_runs),
         },
     }
 
 
 def benchmark(work: Path, dims: dict, rounds: int, tp: int) -> dict:
-    _, _, tiny = first_pass(work, "tiny", TINY, tp)
-    hf, nxd, first = first_pass(work, "big", dims, tp)
-    runs = timed_rounds(work, hf, nxd, rounds, tp)
+    tiny_hf, tiny_nxd, tiny = first_pass(work, "tiny", TINY, tp)
+    big_hf, big_nxd, first = first_pass(work, "big", dims, tp)
+    sources = {"big-hf": big_hf, "big-nxd": big_nxd, "tiny-hf": tiny_hf, "tiny-nxd": tiny_nxd}
+    runs = timed_rounds(work, sources, rounds, tp)
     return {
         "checkpoint": first["checkpoint"],
         "tp": tp,
@@ -262,8 +305,8 @@ def benchmark(work: Path, dims: dict, rounds: int, tp: int) -> dict:
         "round_trip_identical": first["verify"]["identical"],
         "verify": first["verify"],
         "tiny_round_trip_identical": tiny["verify"]["identical"],
-        "to_neuron": direction(runs["to_neuron"], runs["cp_hf"], tiny["to_neuron"]),
-        "to_gpu": direction(runs["to_gpu"], runs["cp_nxd"], tiny["to_gpu"]),
+        "to_neuron": direction(runs["to_neuron"], runs["cp_hf"], runs["tiny_to_neuron"]),
+        "to_gpu": direction(runs["to_gpu"], runs["cp_nxd"], runs["tiny_to_gpu"]),
     }
 
 
