@@ -28,7 +28,16 @@ Per direction:
 - `rss_vs_largest_output_file`: (peak - baseline) / largest output file; `peak_rss_vs_largest_output_file`: the
   same without subtracting the baseline.
 
-Measured on ...
+Measured on 2 CPU cores shared with other work (load average 2 to 4.5), 3 rounds, the default 2.65 GB checkpoint
+(57 tensors), with the migrate code that loads whole checkpoints (before streaming by tensor): `--to neuron --tp 8`
+took 28.2 s (rounds 25.4 to 30.7) against 2.2 s for `cp -r` (1.4 to 3.6, from the page cache): 0.073 x cp, 0.16 x
+once the tiny run's 15.0 s of start-up are taken off; peak RSS 7.88 GB (2.55 GB anonymous, 5.68 GB mapped file
+pages at their sampled peaks), baseline 0.99 GB, largest output file 0.33 GB of 11: 20.8 x (23.8 x without the
+baseline). `--to gpu` took 26.6 s (24.6 to 37.3) against 2.9 s for `cp -r` of the NxD directory (2.0 to 5.0):
+0.11 x, 0.22 x after start-up; peak RSS 5.00 GB (2.53 anonymous, 3.03 mapped), baseline 0.99 GB, largest output
+file 2.12 GB of 4: 1.90 x (2.36 x). The round trip was bit-identical (57 tensors, max abs diff 0). Peak RSS varied
+by under 0.2 % between rounds, the seconds far more on the shared machine: cp's by up to 2.5 x, migrate's by up to
+1.5 x.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ def two_shards(sizes: dict[str, int]) -> list[list[str]]:
             break
         first.append(name)
         seen += size
-    return [first, [name for name in sizes if name not in set(first)]]
+    return [first, list(sizes)[len(first) :]]
 
 
 def write_checkpoint(directory: Path, dims: dict, seed: int = 0) -> dict:
@@ -97,7 +106,9 @@ def write_checkpoint(directory: Path, dims: dict, seed: int = 0) -> dict:
     sizes = {name: shape.numel() * 2 for name, shape in shapes.items()}
     total, free = sum(sizes.values()), shutil.disk_usage(directory.parent).free
     if free < 3 * total + (1 << 30):
-        raise SystemExit(f"{directory.parent} has {free / 1e9:.1f} GB free; the benchmark needs {3 * total / 1e9:.1f}")
+        raise SystemExit(
+            f"{directory.parent} has {free / 1e9:.1f} GB free; the benchmark needs {3 * total / 1e9:.1f} GB"
+        )
     directory.mkdir()
     config.save_pretrained(directory)
     generator = torch.Generator().manual_seed(seed)
@@ -294,8 +305,8 @@ def direction(runs: list[dict], cp_runs: list[dict], baseline_runs: list[dict]) 
 
 
 def benchmark(work: Path, dims: dict, rounds: int, tp: int) -> dict:
+    big_hf, big_nxd, first = first_pass(work, "big", dims, tp)  # first: its generation checks the free disk
     tiny_hf, tiny_nxd, tiny = first_pass(work, "tiny", TINY, tp)
-    big_hf, big_nxd, first = first_pass(work, "big", dims, tp)
     sources = {"big-hf": big_hf, "big-nxd": big_nxd, "tiny-hf": tiny_hf, "tiny-nxd": tiny_nxd}
     runs = timed_rounds(work, sources, rounds, tp)
     return {
