@@ -138,6 +138,20 @@ def file_sizes(directory: Path) -> list[int]:
     return [path.stat().st_size for path in directory.rglob("*") if path.is_file()]
 
 
+def durable_copy(src: Path, dst: Path) -> list[str]:
+    """`cp -r`, then `sync -f` of the copy's filesystem: migrate fsyncs what it writes before it renames the
+    destination into place, so the copy it is compared with must be on disk too (nothing else is dirty: every
+    run starts after a sync)."""
+    return ["sh", "-c", 'cp -r "$0" "$1" && sync -f "$1"', str(src), str(dst)]
+
+
+def child_environment() -> dict[str, str]:
+    """This environment without PYTHONDONTWRITEBYTECODE: an installed neurontrain starts from compiled bytecode
+    (the first, untimed pass writes it), which that variable would have every run compile again."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return env | {"PYTHONUNBUFFERED": "1"}
+
+
 def migrate_command(src: Path, dst: Path, to: str, tp: int) -> list[str]:
     cmd = [sys.executable, "-m", "neurontrain", "checkpoint", "migrate", str(src), str(dst), "--to", to]
     return cmd + (["--tp", str(tp)] if to == "neuron" else [])
@@ -162,7 +176,7 @@ def measured(cmd: list[str]) -> dict:
     peaks = {"RssAnon": 0, "RssFile": 0}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env=child_environment())
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -238,9 +252,9 @@ def timed_rounds(work: Path, sources: dict[str, Path], rounds: int, tp: int) -> 
     """Each round runs every contender once, in an order rotated by one per round. `sources`: the directories
     big-hf, big-nxd, tiny-hf, tiny-nxd."""
     commands = {
-        "cp_hf": lambda dst: ["cp", "-r", str(sources["big-hf"]), str(dst)],
+        "cp_hf": lambda dst: durable_copy(sources["big-hf"], dst),
         "to_neuron": lambda dst: migrate_command(sources["big-hf"], dst, "neuron", tp),
-        "cp_nxd": lambda dst: ["cp", "-r", str(sources["big-nxd"]), str(dst)],
+        "cp_nxd": lambda dst: durable_copy(sources["big-nxd"], dst),
         "to_gpu": lambda dst: migrate_command(sources["big-nxd"], dst, "gpu", tp),
         "tiny_to_neuron": lambda dst: migrate_command(sources["tiny-hf"], dst, "neuron", tp),
         "tiny_to_gpu": lambda dst: migrate_command(sources["tiny-nxd"], dst, "gpu", tp),
