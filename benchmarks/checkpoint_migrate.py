@@ -1,20 +1,24 @@
 """Checkpoint migration at scale: `checkpoint migrate --to neuron --tp 8` and back `--to gpu`, against `cp -r` of the
 same bytes, on a generated Hugging Face Llama checkpoint of at least 2 GB (no download). Prints one JSON object.
 
-    python benchmarks/checkpoint_migrate.py [--layers 6] [--rounds 3] [--workdir DIR] [--keep]
+    python benchmarks/checkpoint_migrate.py [--layers 24] [--rounds 3] [--workdir DIR] [--keep]
 
 The checkpoint: LlamaForCausalLM in bf16 (hidden 4096, intermediate 11008, 32 query / 8 KV heads, vocab 32000,
-untied head; 6 layers make 2.65 GB), its tensor names and shapes those of the model built on the meta device, the
-values seeded random normals generated one tensor at a time, written one shard at a time as two safetensors files
-with model.safetensors.index.json and config.json (by a child process: torch stays out of this one, whose RSS at
-fork counts in every child's ru_maxrss). A tiny checkpoint of the same architecture gives the fixed interpreter
-baseline (imports, the model built on meta, the CLI itself): the same command's peak RSS and seconds on it.
+untied head; the default 24 layers make 9.03 GB, 6 make 2.65 GB), its tensor names and shapes those of the model
+built on the meta device, the values seeded random normals generated one tensor at a time, written one shard at a
+time as two safetensors files with model.safetensors.index.json and config.json (by a child process: torch stays
+out of this one, whose RSS at fork counts in every child's ru_maxrss). A tiny checkpoint of the same architecture
+gives the fixed interpreter baseline (imports, the model built on meta, the CLI itself): the same command's peak RSS
+and seconds on it.
 
 A first pass migrates each checkpoint to NxD (kept: the input of the `--to gpu` runs) and back, and checks the round
 trip with `checkpoint verify --json` (`round_trip_identical`: exit 0 and bit-identical). Then each of --rounds
 rounds runs, in an order rotated by one per round, `cp -r` of the HF directory, `--to neuron`, `cp -r` of the NxD
 directory, `--to gpu` and both directions on the tiny checkpoint, each a fresh process writing to a fresh
 destination that is deleted after measuring (`sync` before each run, so no run pays for the previous one's writes).
+migrate fsyncs its files before it renames the destination into place, so each cp is followed by `sync -f` and
+timed with it. The children run without PYTHONDONTWRITEBYTECODE, from the bytecode the first pass compiled, as an
+installed package starts.
 Per direction:
 
 - `seconds`: wall time of the migrate process (interpreter start-up included), the median of the rounds;
@@ -28,16 +32,22 @@ Per direction:
 - `rss_vs_largest_output_file`: (peak - baseline) / largest output file; `peak_rss_vs_largest_output_file`: the
   same without subtracting the baseline.
 
-Measured on 2 CPU cores shared with other work (load average 2 to 4.5), 3 rounds, the default 2.65 GB checkpoint
-(57 tensors), with the migrate code that loads whole checkpoints (before streaming by tensor): `--to neuron --tp 8`
-took 28.2 s (rounds 25.4 to 30.7) against 2.2 s for `cp -r` (1.4 to 3.6, from the page cache): 0.073 x cp, 0.16 x
-once the tiny run's 15.0 s of start-up are taken off; peak RSS 7.88 GB (2.55 GB anonymous, 5.68 GB mapped file
-pages at their sampled peaks), baseline 0.99 GB, largest output file 0.33 GB of 11: 20.8 x (23.8 x without the
-baseline). `--to gpu` took 26.6 s (24.6 to 37.3) against 2.9 s for `cp -r` of the NxD directory (2.0 to 5.0):
-0.11 x, 0.22 x after start-up; peak RSS 5.00 GB (2.53 anonymous, 3.03 mapped), baseline 0.99 GB, largest output
-file 2.12 GB of 4: 1.90 x (2.36 x). The round trip was bit-identical (57 tensors, max abs diff 0). Peak RSS varied
-by under 0.2 % between rounds, the seconds far more on the shared machine: cp's by up to 2.5 x, migrate's by up to
-1.5 x.
+Measured on 2 CPU cores (this machine: 24 GiB, ext4 on a virtual disk), with the streaming migrate:
+
+- `--rounds 2` (9.03 GB, 57 tensors; cp from the page cache and disk, 14.6 to 18.6 s): `--to neuron --tp 8` 31.8 s
+  median (29.3, 34.2), 0.58 x cp (rounds 0.62, 0.54), 0.68 x after the tiny run's 4.6 s of start-up; peak RSS
+  2.12 GB, baseline 0.89 GB, largest output file 1.13 GB (a rank file): 1.09 x (1.87 x without the baseline).
+  `--to gpu` 24.1 s (23.7, 24.5), 0.65 x cp (0.71, 0.60), 0.79 x after start-up; peak RSS 1.33 GB, largest
+  output file 4.95 GB (two 5 GB-split files): 0.09 x (0.27 x). Round trip bit-identical.
+- `--layers 6 --rounds 3` (2.65 GB; cp 2.1 to 3.6 s, from the page cache): `--to neuron` 10.4 s, 0.34 x cp, 0.56 x
+  after start-up (4.3 s); peak RSS 1.22 GB, baseline 0.89 GB, largest output file 0.33 GB: 1.005 x. `--to gpu`
+  9.1 s, 0.23 x, 0.43 x after start-up; peak RSS 1.47 GB, largest output file 2.65 GB (one file): 0.22 x. Round
+  trip bit-identical. At this size the start-up (imports of torch and transformers, the model built on the meta
+  device) is half of each run.
+
+Before streaming (the code that read whole tensors for every rank and kept every file mapped), the 2.65 GB run
+took 28.2 s (0.073 x cp) and 26.6 s (0.11 x) with peak RSS 7.88 GB (20.8 x the largest output file) and 5.00 GB
+(1.90 x).
 """
 
 from __future__ import annotations
@@ -341,7 +351,7 @@ def log(message: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=6, help="decoder layers (6: 2.65 GB)")
+    parser.add_argument("--layers", type=int, default=24, help="decoder layers (24: 9.03 GB, 6: 2.65 GB)")
     parser.add_argument("--hidden", type=int, default=4096, help="hidden size (a multiple of 32)")
     parser.add_argument("--intermediate", type=int, default=11008, help="MLP intermediate size")
     parser.add_argument("--tp", type=int, default=8)

@@ -59,7 +59,7 @@ def test_sigkill_during_migrate_then_the_same_command_finishes_and_cleans_up(tmp
         deadline = time.time() + 120
         while not list(tmp_path.glob(".nxd.partial-*/model/*.pt")):
             assert proc.poll() is None and time.time() < deadline, "the migrate ended before its first rank file"
-            time.sleep(0.02)
+            time.sleep(0.005)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
