@@ -27,6 +27,15 @@ def write_file_atomic(path: Path, data: bytes) -> None:
 
 
 @functools.cache  # the umask is read once: reading it means setting it, which other threads would see
+def fsync_path(path: Path | str) -> None:
+    """fsync a file or a directory (a directory's fsync makes the names created in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _new_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from neurontrain.errors import UsageError
+from neurontrain.fileio import fsync_path
 from neurontrain.logs import get_logger
 
 log = get_logger(__name__)
@@ -195,28 +196,20 @@ def _lock_of_new_migrate(dest: Path) -> Iterator[str]:
         os.close(fd)
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def flush_to_disk(tree: Path) -> None:
     """fsync every file and directory under `tree`: a destination renamed into place is then complete on disk,
     even after a power loss right after the rename."""
     for root, _, files in os.walk(tree):
         for name in files:
-            _fsync(os.path.join(root, name))
-        _fsync(root)
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def _put_in_place(staging: Path, dest: Path, old: Path) -> None:
     flush_to_disk(staging)
     if not dest.exists():
         os.rename(staging, dest)
-        _fsync(str(dest.parent))
+        fsync_path(str(dest.parent))
         return
     os.rename(dest, old)
     try:
@@ -224,7 +217,7 @@ def _put_in_place(staging: Path, dest: Path, old: Path) -> None:
     except BaseException:
         os.rename(old, dest)
         raise
-    _fsync(str(dest.parent))
+    fsync_path(str(dest.parent))
     shutil.rmtree(old, ignore_errors=True)
 
 

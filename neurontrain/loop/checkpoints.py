@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from neurontrain.errors import UsageError
+from neurontrain.fileio import fsync_path
 from neurontrain.recipe import Recipe
 
 MARKER = "COMPLETE"
@@ -69,14 +70,6 @@ def remove_partial(root: Path) -> list[str]:
     return removed
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     root: Path,
     step: int,
@@ -112,7 +105,7 @@ def save_checkpoint(
         return None
     (partial / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
     for name in (STATE_FILE, META_FILE):
-        _fsync_path(partial / name)
+        fsync_path(partial / name)
     with open(partial / MARKER, "w") as fh:
         fh.write(f"{step}\n")
         fh.flush()
@@ -120,7 +113,7 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.rename(partial, final)
-    _fsync_path(root)
+    fsync_path(root)
     by_step = dict(complete_checkpoints(root))
     for old in steps_to_prune(list(by_step), keep):
         shutil.rmtree(by_step[old], ignore_errors=True)
@@ -133,7 +126,7 @@ def _write_rank_file(path: Path, content: Any) -> None:
         path.write_text(json.dumps(content, indent=2, sort_keys=True))
     else:
         torch.save(content, path)
-    _fsync_path(path)
+    fsync_path(path)
 
 
 def rank_file_name(rank: int) -> str:
