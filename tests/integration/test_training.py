@@ -153,12 +153,12 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrup
 KILL_DURING_CHECKPOINT_WRITE = """
 import os, signal, sys
 import neurontrain.loop.checkpoints as training
-real_fsync = training._fsync_path
+real_fsync = training.fsync_path
 def fsync_then_die(path):
     real_fsync(path)
     if path.name == "state.pt" and path.parent.name == ".step_00000020.partial":
         os.kill(os.getpid(), signal.SIGKILL)   # state written, marker not yet: a torn checkpoint
-training._fsync_path = fsync_then_die
+training.fsync_path = fsync_then_die
 from neurontrain.cli import main
 sys.exit(main(sys.argv[1:]))
 """
