@@ -1,8 +1,10 @@
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from neurontrain.checkpoint import verify
 from neurontrain.errors import UsageError
 from neurontrain.loop import checkpoints as ckpt
 from neurontrain.loop.optim import lr_factor
@@ -104,3 +106,16 @@ def test_padding_checks():
         shard(_spec(21, 4, 24), "vocab", torch.zeros(22, 3), 0)
     with pytest.raises(UsageError, match="the shards hold 20 vocabulary rows, the spec says 24"):
         merge(_spec(21, 4, 24), "vocab", [torch.zeros(5, 3)] * 4)
+
+
+def test_max_abs_diff_over_chunks_equals_the_whole_tensors_and_keeps_nan(monkeypatch):
+    monkeypatch.setattr(verify, "DIFF_CHUNK_ELEMENTS", 7)  # 45 elements: 7 chunks, the last one short
+    torch.manual_seed(0)
+    a = torch.randn(5, 9)
+    b = a.clone()
+    b[4, 8] += 0.5  # in the last chunk
+    assert verify.max_abs_diff(a, a) == 0.0
+    assert verify.max_abs_diff(a, b) == (a.double() - b.double()).abs().max().item()
+    b[0, 0] = float("nan")
+    assert math.isnan(verify.max_abs_diff(a, b))
+    assert verify.max_abs_diff(a.to(torch.bfloat16), a.to(torch.bfloat16).float()) == 0.0
