@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neurontrain.errors import UsageError
 
@@ -81,8 +81,18 @@ class DataSpec(_Strict):
     pad_to_multiple_of: int = Field(8, ge=1)
     auto_buckets: AutoBucketSpec = AutoBucketSpec()
     last_batch: Literal["drop", "pad"] = "drop"
+    # on: batch_size rows of one length, each filled with whole samples; auto: where the cost model finds it
+    # cheaper than the buckets
+    packing: Literal["off", "on", "auto"] = "off"
+    max_docs_per_row: int | None = Field(None, ge=1)  # sequence classification under packing; None: from data
     shuffle: bool = True
     seed: int = 0
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare on / off as true / false."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
@@ -185,10 +195,13 @@ class Recipe(_Strict):
         return self
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes the computation (used to refuse resuming a different run)."""
+        """Hash of everything that changes the computation (used to refuse resuming a different run). Settings
+        added later are left out at their default, so older checkpoints and compile caches keep their hash."""
+        unset_later = {"packing", "max_docs_per_row"} if self.data.packing == "off" else set()
         payload = self.model_dump(
             mode="json",
             exclude={
+                "data": unset_later,
                 "checkpoint": True,
                 "train": {"max_steps", "log_every", "zero1", "activation_checkpointing"},
                 "runtime": {

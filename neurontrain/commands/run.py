@@ -15,6 +15,7 @@ from neurontrain.launch.elastic import in_worker
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
+from neurontrain.loop.plan_description import describe_plan
 from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.recipe import load_recipe
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     launching = args.nproc_per_node is not None or topology.nnodes > 1 or topology.max_restarts > 0
     if args.dry_run:
         plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend), world=topology.world if launching else 1)
-        print(json.dumps(plan.describe(), indent=2))
+        print(json.dumps(describe_plan(plan), indent=2))
         _show_memory(plan)
         return 0
     if launching:

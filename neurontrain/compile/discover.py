@@ -57,20 +57,8 @@ class _Tracer:
         self.cpu_optimizer_state = cpu_optimizer.state_dict()
         self.cpu_scheduler_state = build_scheduler(self.recipe, cpu_optimizer).state_dict()
         self.cpu_model.zero_grad(set_to_none=True)
-        data, spec = plan.data, self.recipe.data
         # worker 0's rows of each global batch: every worker's batch has the same shape
-        self.collate = Collator(
-            data.train_ids, data.train_labels, self.recipe.task, spec.batch_size, data.pad_id, 0, plan.world
-        )
-        self.eval_collate = Collator(
-            data.eval_ids,
-            data.eval_labels,
-            self.recipe.task,
-            spec.eval_batch_size or spec.batch_size,
-            data.pad_id,
-            0,
-            plan.world,
-        )
+        self.collate, self.eval_collate = plan.collator("train", 0), plan.collator("eval", 0)
 
     def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, Strategy]:
         """Model and optimizer (worker 0's, as the loop builds it) on the device. set_up: state as after the

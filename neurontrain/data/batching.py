@@ -12,14 +12,26 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from neurontrain.data.buckets import bucket_for, round_up
+from neurontrain.data.packing import Packing, pack_rows
 
 
 @dataclass(frozen=True)
 class IndexBatch:
-    """One batch before collation: the samples' indices and the length they are padded to."""
+    """One batch before collation: the samples' indices and the length they are padded to. Packed batches
+    also have rows: the samples of each row, in the row's order (indices is them all, row after row)."""
 
     length: int
     indices: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def units(self) -> tuple:
+        """What a batch has batch_size of and what data-parallel workers split: samples, or packed rows."""
+        return self.rows if self.rows is not None else self.indices
+
+
+def _packed_batch(length: int, rows: tuple[tuple[int, ...], ...]) -> IndexBatch:
+    return IndexBatch(length, tuple(i for row in rows for i in row), rows)
 
 
 @dataclass(frozen=True)
@@ -31,8 +43,9 @@ class Batcher:
     seed: int
     drop_last: bool
     multiple: int = 1
+    packing: Packing | None = None  # set: batches of batch_size packed rows of packing.row_length
 
-    def _chunks(self, indices: list[int]) -> list[tuple[int, ...]]:
+    def _chunks(self, indices: list) -> list[tuple]:
         out = [tuple(indices[i : i + self.batch_size]) for i in range(0, len(indices), self.batch_size)]
         if out and self.drop_last and len(out[-1]) < self.batch_size:
             out.pop()
@@ -44,6 +57,11 @@ class Batcher:
         if self.shuffle:
             rng.shuffle(order)
         batches: list[IndexBatch] = []
+        if self.packing is not None:
+            rows = pack_rows(self.lengths, order, self.packing)
+            if self.shuffle:
+                rng.shuffle(rows)
+            return [_packed_batch(self.packing.row_length, chunk) for chunk in self._chunks(rows)]
         if self.buckets is None:
             for chunk in self._chunks(order):
                 longest = max(self.lengths[i] for i in chunk)
@@ -84,8 +102,15 @@ class Batcher:
 
 
 def fixed_batches(
-    lengths: Sequence[int], batch_size: int, buckets: Sequence[int] | None, multiple: int = 1
+    lengths: Sequence[int],
+    batch_size: int,
+    buckets: Sequence[int] | None,
+    multiple: int = 1,
+    packing: Packing | None = None,
 ) -> list[IndexBatch]:
-    """Evaluation batches: every sample exactly once, in order, grouped by bucket; partial batches kept."""
-    batcher = Batcher(tuple(lengths), batch_size, tuple(buckets) if buckets else None, False, 0, False, multiple)
+    """Evaluation batches: every sample exactly once, in order, grouped by bucket (or packed into rows of
+    batch_size a batch); partial batches kept."""
+    batcher = Batcher(
+        tuple(lengths), batch_size, tuple(buckets) if buckets else None, False, 0, False, multiple, packing
+    )
     return batcher.epoch(0)

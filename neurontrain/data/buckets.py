@@ -162,3 +162,13 @@ def choose_buckets(
         estimated_step_seconds=seconds - compile_s,
         padding_fraction=padding_fraction([min(n, max_length) for n in lengths], chosen),
     )
+
+
+def bucketing_seconds(
+    lengths: Sequence[int], buckets: Sequence[int], *, planned_batches: int, graphs_per_bucket: int, cost: StepCostModel
+) -> float:
+    """The cost model's seconds for given buckets: a compile per used bucket and step kind, and planned_batches
+    steps drawn from the buckets in proportion to their samples (as `choose_buckets` counts)."""
+    counts = Counter(bucket_for(min(n, buckets[-1]), buckets) for n in lengths)
+    steps = sum(planned_batches * (n / len(lengths)) * cost.step_seconds(b) for b, n in counts.items())
+    return len(counts) * graphs_per_bucket * cost.compile_seconds + steps

@@ -1,4 +1,5 @@
-"""Turn a planned batch into fixed-shape tensors: padding, attention masks, ignored labels."""
+"""Turn a planned batch into fixed-shape tensors: padding, attention masks, ignored labels; for packed rows,
+each token's document and position."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from neurontrain.data.batching import IndexBatch
+from neurontrain.data.packing import document_spans
 from neurontrain.data.sharding import worker_rows
 
 IGNORE_INDEX = -100
@@ -19,6 +21,12 @@ class Collator:
     (`worker_rows`). Rows beyond the planned samples (a padded last batch) are all padding with ignored labels,
     so the batch shape never changes. Host ints, not sent to the device: `real_tokens` counts non-pad tokens,
     `loss_items` the labels the loss averages over (the weight of this batch in a data-parallel reduction).
+
+    Packed batches (`batch.rows`) give `{input_ids, document_ids, position_ids, labels}` instead: document ids
+    1, 2, ... per row (0: padding), positions restarting at 0 in every document. Causal LM labels ignore each
+    document's first token, so no prediction crosses a boundary. Sequence classification labels are
+    (batch_size, max_docs), one per document slot, with `cls_positions` the slot's first token (ignored label
+    and position 0 for an empty slot).
     """
 
     def __init__(
@@ -30,7 +38,9 @@ class Collator:
         pad_id: int,
         rank: int = 0,
         world: int = 1,
+        max_docs: int | None = None,
     ) -> None:
+        self.max_docs = max_docs
         self.token_ids = token_ids
         self.labels = labels
         self.task = task
@@ -39,6 +49,8 @@ class Collator:
         self.rank, self.world = rank, world
 
     def __call__(self, batch: IndexBatch) -> dict:
+        if batch.rows is not None:
+            return self._packed(batch)
         rows, length = self.batch_size, batch.length
         indices = worker_rows(batch.indices, self.rank, self.world) if self.world > 1 else batch.indices
         input_ids = torch.full((rows, length), self.pad_id, dtype=torch.long)
@@ -63,3 +75,40 @@ class Collator:
             "real_tokens": real,
             "loss_items": items,
         }
+
+    def _packed(self, batch: IndexBatch) -> dict:
+        rows = worker_rows(batch.rows, self.rank, self.world) if self.world > 1 else batch.rows
+        shape = (self.batch_size, batch.length)
+        input_ids = torch.full(shape, self.pad_id, dtype=torch.long)
+        document_ids = torch.zeros(shape, dtype=torch.long)
+        position_ids = torch.zeros(shape, dtype=torch.long)
+        causal = self.task == "causal-lm"
+        if causal:
+            labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
+        else:
+            if self.max_docs is None:
+                raise ValueError("packed sequence classification needs max_docs")
+            labels = torch.full((self.batch_size, self.max_docs), IGNORE_INDEX, dtype=torch.long)
+            cls_positions = torch.zeros((self.batch_size, self.max_docs), dtype=torch.long)
+        real = items = 0
+        for row, docs in enumerate(rows):
+            if not causal and len(docs) > self.max_docs:
+                raise ValueError(f"a packed row holds {len(docs)} documents, more than max_docs {self.max_docs}")
+            spans = document_spans([len(self.token_ids[i]) for i in docs], batch.length)
+            for number, (index, (start, n)) in enumerate(zip(docs, spans, strict=True), start=1):
+                ids = torch.tensor(self.token_ids[index][:n], dtype=torch.long)
+                input_ids[row, start : start + n] = ids
+                document_ids[row, start : start + n] = number
+                position_ids[row, start : start + n] = torch.arange(n)
+                real += n
+                if causal:
+                    labels[row, start + 1 : start + n] = ids[1:]
+                    items += max(n - 1, 0)
+                else:
+                    labels[row, number - 1] = int(self.labels[index])
+                    cls_positions[row, number - 1] = start
+                    items += 1
+        out = {"input_ids": input_ids, "document_ids": document_ids, "position_ids": position_ids, "labels": labels}
+        if not causal:
+            out["cls_positions"] = cls_positions
+        return out | {"real_tokens": real, "loss_items": items}

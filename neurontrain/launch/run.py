@@ -22,6 +22,7 @@ from neurontrain.launch.elastic import check_master_address, launch
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
 from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.loop.plan_description import describe_plan
 from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.loop.tp_workers import join_tensor_parallel
@@ -142,7 +143,7 @@ def _trainer(
 
 
 def _announce(plan: RunPlan, backend: str, output_dir: Path) -> None:
-    described = plan.describe()
+    described = describe_plan(plan)
     workers = (
         f", {plan.world} workers x batch {described['per_worker_batch']} x accumulation "
         f"{described['grad_accum']} = {described['effective_batch']} a step"

@@ -15,6 +15,7 @@ import torch.utils.checkpoint
 from neurontrain.backend import resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
+from neurontrain.loop.packed import packed_inputs
 from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.parallel.tensor_parallel import to_tensor_parallel
 from neurontrain.recipe import Recipe
@@ -223,7 +224,10 @@ def enable_activation_checkpointing(model: torch.nn.Module, setting: str, backen
 
 def model_inputs(batch: dict, dims: ModelDims, dtype: torch.dtype) -> dict:
     """For encoders, a ready 4D additive attention mask: transformers 5 otherwise inspects the 2D mask's
-    values (`mask.all()`) on every forward, which is a host sync and one more graph per shape on XLA."""
+    values (`mask.all()`) on every forward, which is a host sync and one more graph per shape on XLA. Packed
+    batches get their per-document mask and positions (`loop/packed.py`)."""
+    if "document_ids" in batch:
+        return packed_inputs(batch, causal=not dims.is_encoder, dtype=dtype)
     inputs = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
     mask = batch["attention_mask"]
     if dims.is_encoder:

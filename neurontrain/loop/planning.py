@@ -6,19 +6,21 @@ construction the graphs the loop executes.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from neurontrain.backend import BACKENDS
 from neurontrain.data.batching import Batcher, IndexBatch, fixed_batches
 from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
+from neurontrain.data.collate import Collator
+from neurontrain.data.packing import Packing
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
 from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
+from neurontrain.loop.packing_plan import BucketedSide, decide_packing
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.recipe import Recipe
@@ -34,7 +36,7 @@ COST_DEFAULTS = {
     "xla-cuda": (20.0, 5e13, 0.005, 8192),
     "neuron": (300.0, 4e13, 0.01, 4096),
 }
-BUCKET_MODES = ("dynamic", "max", "auto", "fixed")
+BUCKET_MODES = ("dynamic", "max", "auto", "fixed", "packed")
 
 
 @dataclass(kw_only=True)
@@ -55,6 +57,8 @@ class RunPlan:
     tp: int = 1  # tensor-parallel degree (parallel.tp, or the memory planner's choice)
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
+    packing: Packing | None = None  # set: batches are packed rows (bucket mode "packed")
+    packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
 
     def __post_init__(self) -> None:
         samples = len(self.data.train_ids)
@@ -82,6 +86,16 @@ class RunPlan:
                 f"run plan: batches of {self.batcher.batch_size} rows are not data.batch_size "
                 f"{self.recipe.data.batch_size} x {self.world} workers"
             )
+
+    def collator(self, split: str, rank: int) -> Collator:
+        """Worker `rank`'s collation of the global train or eval batches."""
+        data, spec = self.data, self.recipe.data
+        if split == "train":
+            ids, labels, size = data.train_ids, data.train_labels, spec.batch_size
+        else:
+            ids, labels, size = data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size
+        max_docs = self.packing.max_docs if self.packing is not None else None
+        return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs)
 
     @property
     def split_step(self) -> bool:
@@ -122,59 +136,6 @@ class RunPlan:
             total += batch.length * batch_size
             real += sum(min(lengths[j], batch.length) for j in batch.indices)
         return 1.0 - real / total if total else 0.0
-
-    def describe(self) -> dict:
-        r = self.recipe
-        lengths = self.data.train_lengths
-        world = self.world
-        return {
-            "recipe": r.name,
-            "task": r.task,
-            "backend": self.backend,
-            "model": {
-                "type": self.dims.model_type,
-                "parameters": self.dims.n_params,
-                "layers": self.dims.n_layers,
-                "hidden": self.dims.hidden,
-                "source": r.model.pretrained or "config",
-            },
-            "data": {
-                "source": r.data.source,
-                "train_samples": len(lengths),
-                "eval_samples": len(self.data.eval_ids),
-                "tokens_min": min(lengths),
-                "tokens_median": statistics.median(lengths),
-                "tokens_max": max(lengths),
-                "truncated": self.data.truncated,
-            },
-            "buckets": {
-                "mode": self.bucket_mode,
-                "lengths": self.buckets,
-                "used": sorted(set(self.train_lengths_used)),
-                "estimate": self.auto_estimate,
-            },
-            "batches_per_epoch": self.batcher.batches_per_epoch(),
-            "steps": r.train.max_steps,
-            "world_size": world * self.tp,
-            "tensor_parallel": self.tp,
-            "per_worker_batch": r.data.batch_size,
-            "grad_accum": r.train.grad_accum,
-            "effective_batch": r.data.batch_size * r.train.grad_accum * world,
-            "gradient_reduction": self._gradient_reduction(),
-            "expected_graphs": [list(k) for k in self.expected_graphs()],
-            "padding_fraction": round(self.padding_fraction(), 4),
-            "compile_cache": r.runtime.compile_cache,
-            "memory": self.memory.describe() if self.memory is not None else None,
-            "notes": self.notes,
-        }
-
-    def _gradient_reduction(self) -> str:
-        if self.world == 1:
-            return "none"
-        collective = "reduce-scatter (ZeRO-1)" if self.recipe.train.zero1 is True else "all-reduce"
-        if self.host_reduce:
-            return f"host {collective} (gloo) between the micro-step and optimizer graphs"
-        return f"in-graph {collective}"
 
 
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
@@ -217,6 +178,8 @@ class _Buckets:
     lengths: list[int] | None
     mode: str
     estimate: dict | None = None
+    packing: Packing | None = None
+    packing_summary: dict | None = None
 
 
 def _choose(recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, notes: list[str]) -> _Buckets:
@@ -293,12 +256,12 @@ def _batching(recipe: Recipe, data: PreparedData, buckets: _Buckets, world: int)
         seed=spec.seed,
         drop_last=spec.last_batch == "drop",
         multiple=1 if buckets.mode == "dynamic" else spec.pad_to_multiple_of,
+        packing=buckets.packing,
     )
     eval_batches = []
     if _has_eval(recipe, data):
-        eval_batches = fixed_batches(
-            data.eval_lengths, (spec.eval_batch_size or spec.batch_size) * world, buckets.lengths
-        )
+        eval_size = (spec.eval_batch_size or spec.batch_size) * world
+        eval_batches = fixed_batches(data.eval_lengths, eval_size, buckets.lengths, packing=buckets.packing)
     return _Batching(batcher, eval_batches, _used_lengths(batcher, recipe, world, len(data.train_lengths)))
 
 
@@ -329,7 +292,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
             f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
             f"runtime gets them where it is installed; {backend} never sees them"
         )
-    buckets = _choose(with_world(recipe, world // tp), backend, data, dims, notes)
+    buckets = _with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
     batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
     memory = plan_recipe_memory(with_world(recipe, world // tp), config, backend, world, max(batching.used))
     if memory.enforced and not memory.fits:
@@ -358,7 +321,30 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         tp=tp,
         host_reduce=world // tp > 1 and reduces_on_host(backend),
         memory=memory,
+        packing=buckets.packing,
+        packing_summary=buckets.packing_summary,
     )
+
+
+def _with_packing(
+    recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, world: int, notes: list[str]
+) -> _Buckets:
+    """The buckets, or one packed row length where data.packing is on or the cost model picks it under auto."""
+    buckets = _choose(recipe, backend, data, dims, notes)
+    decision = decide_packing(
+        recipe,
+        data,
+        dims.model_type,
+        BucketedSide(buckets.lengths, buckets.mode, (buckets.estimate or {}).get("seconds")),
+        cost=_cost_model(recipe, backend, dims),
+        graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
+        world=world,
+    )
+    if "reason" in decision.summary:
+        notes.append(decision.summary["reason"])
+    if decision.packing is None:
+        return _Buckets(buckets.lengths, buckets.mode, buckets.estimate, None, decision.summary)
+    return _Buckets([decision.packing.row_length], "packed", buckets.estimate, decision.packing, decision.summary)
 
 
 def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:

@@ -13,11 +13,14 @@ from typing import Any
 import torch
 
 from neurontrain.loop.model import ModelDims, eval_statistics, model_inputs
+from neurontrain.loop.packed import packed_classification
 from neurontrain.recipe import Recipe
 
 
 def forward(model: torch.nn.Module, batch: dict, dims: ModelDims, autocast: Any, precision: str) -> Any:
     with autocast(precision):
+        if "cls_positions" in batch:  # packed sequence classification: a prediction per document
+            return packed_classification(model, batch, torch.float32)
         return model(**model_inputs(batch, dims, torch.float32))
 
 

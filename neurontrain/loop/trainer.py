@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from neurontrain.backend import Backend
-from neurontrain.data.collate import Collator
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
@@ -313,15 +312,10 @@ class Trainer:
     def _state_tensors(self) -> list[torch.Tensor]:
         return self.strategy.state_tensors(self.model)
 
-    def _collator(self, ids: list[list[int]], labels: list[int] | None, batch_size: int) -> Collator:
-        """This worker's rows of each global batch."""
-        data = self.plan.data
-        return Collator(ids, labels, self.recipe.task, batch_size, data.pad_id, self.dp.rank, self.dp.world)
-
     def _train_batches(self) -> Iterator[dict]:
         """The collated micro-batches from the run's data position to its last step, on the device."""
-        recipe, data = self.recipe, self.plan.data
-        collate = self._collator(data.train_ids, data.train_labels, recipe.data.batch_size)
+        recipe = self.recipe
+        collate = self.plan.collator("train", self.dp.rank)
         remaining = (recipe.train.max_steps - self.start_step) * recipe.train.grad_accum
         stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))
         return iter(self.backend.wrap_loader(stream, recipe.runtime.loader))
@@ -348,8 +342,8 @@ class Trainer:
         def accumulate(stats: torch.Tensor) -> None:
             totals.add_(stats.detach().cpu().to(torch.float64))
 
-        data, spec, backend = self.plan.data, self.recipe.data, self.backend
-        collate = self._collator(data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size)
+        backend = self.backend
+        collate = self.plan.collator("eval", self.dp.rank)
         self.model.eval()
         loader = backend.wrap_loader((collate(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
         with torch.no_grad():

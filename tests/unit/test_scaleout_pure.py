@@ -9,6 +9,7 @@ from neurontrain.data.collate import Collator
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
 from neurontrain.launch.topology import Topology, torchrun_args
+from neurontrain.loop.plan_description import describe_plan
 
 
 def test_torchrun_args_single_node_is_standalone():
@@ -93,9 +94,9 @@ def test_data_parallel_plan_uses_global_batches_and_splits_the_step():
     assert [b.indices for b in one.batcher.epoch(0)] == [b.indices for b in two.batcher.epoch(0)]
     assert ("train", 64) in one.expected_graphs() and ("optimizer",) not in one.expected_graphs()
     assert ("train-micro", 64) in two.expected_graphs() and ("optimizer",) in two.expected_graphs()
-    described = two.describe()
+    described = describe_plan(two)
     assert (described["world_size"], described["per_worker_batch"], described["effective_batch"]) == (2, 8, 16)
-    accum = _plan(2, "train.global_batch_size=64").describe()
+    accum = describe_plan(_plan(2, "train.global_batch_size=64"))
     assert (accum["grad_accum"], accum["effective_batch"]) == (4, 64)
     from neurontrain.compile.discover import run_plan_id
 

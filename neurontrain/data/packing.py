@@ -1,0 +1,109 @@
+"""Sequence packing: whole samples placed into rows of one fixed length, best-fit decreasing.
+
+Pure logic: no torch. A row holds whole samples (a sample longer than the row has already been cut or refused
+by `data.overlong`); where they start is the row's document boundaries. The rows of an epoch depend only on
+(lengths, order, row length, document limit), so a resumed run packs exactly the rows an uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from neurontrain.data.buckets import StepCostModel
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How rows are packed: every row has row_length token slots and at most max_docs documents (None: no
+    limit; sequence classification needs one, so its per-document outputs have a fixed shape)."""
+
+    row_length: int
+    max_docs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.row_length < 1:
+            raise ValueError(f"packed rows need a positive length, not {self.row_length}")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise ValueError(f"packed rows need room for at least one document, not {self.max_docs}")
+
+
+def pack_rows(lengths: Sequence[int], order: Sequence[int], packing: Packing) -> list[tuple[int, ...]]:
+    """Rows of sample indices: best-fit decreasing over the samples of `order` (longest first; equal lengths
+    keep their order in `order`, so a shuffled order gives other rows of the same fill). Each sample goes into
+    the fullest row it still fits, else opens a new one. Rows come out in the order they were opened; a row's
+    samples in the order they were placed."""
+    row_length, max_docs = packing.row_length, packing.max_docs
+    by_length = sorted(order, key=lambda i: -min(lengths[i], row_length))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (free slots, row number), ascending: rows that can take another document
+    for index in by_length:
+        need = max(min(lengths[index], row_length), 1)
+        at = bisect.bisect_left(free, (need, -1))
+        if at == len(free):
+            rows.append([index])
+            row, left = len(rows) - 1, row_length - need
+        else:
+            left, row = free.pop(at)
+            rows[row].append(index)
+            left -= need
+        if left > 0 and (max_docs is None or len(rows[row]) < max_docs):
+            bisect.insort(free, (left, row))
+    return [tuple(row) for row in rows]
+
+
+def packed_padding_fraction(lengths: Sequence[int], rows: Sequence[Sequence[int]], row_length: int) -> float:
+    """Share of the rows' token slots that no sample fills."""
+    slots = len(rows) * row_length
+    real = sum(min(lengths[i], row_length) for row in rows for i in row)
+    return 1.0 - real / slots if slots else 0.0
+
+
+def document_spans(lengths: Sequence[int], row_length: int) -> list[tuple[int, int]]:
+    """(start, length) of each document of a row whose documents have these lengths, in order."""
+    spans, start = [], 0
+    for length in lengths:
+        length = min(length, row_length - start)
+        spans.append((start, length))
+        start += length
+    return spans
+
+
+def docs_limit(shortest: int, row_length: int, cap: int = 64) -> int:
+    """The documents a row may hold when the recipe does not say: as many of the shortest sample as fit, at
+    most `cap` (each is one slot of the per-document outputs, padding included)."""
+    return max(1, min(cap, row_length // max(shortest, 1)))
+
+
+@dataclass(frozen=True)
+class PackingEstimate:
+    """What packing one epoch of these samples gives, and the cost model's seconds for packed steps that cover
+    the samples of `planned_batches` unpacked batches (batches of batch_size samples there, of rows here)."""
+
+    rows: int
+    samples: int
+    padding_fraction: float
+    steps: float
+    seconds: float
+    compile_seconds: float
+
+    @property
+    def documents_per_row(self) -> float:
+        return self.samples / self.rows if self.rows else 0.0
+
+
+def estimate_packing(
+    lengths: Sequence[int], packing: Packing, *, planned_batches: int, graphs: int, cost: StepCostModel
+) -> PackingEstimate:
+    rows = pack_rows(lengths, range(len(lengths)), packing)
+    steps = planned_batches * len(rows) / max(len(lengths), 1)
+    compile_seconds = graphs * cost.compile_seconds
+    return PackingEstimate(
+        rows=len(rows),
+        samples=len(lengths),
+        padding_fraction=packed_padding_fraction(lengths, rows, packing.row_length),
+        steps=steps,
+        seconds=compile_seconds + steps * cost.step_seconds(packing.row_length),
+        compile_seconds=compile_seconds,
+    )

@@ -1,0 +1,122 @@
+"""data.packing made concrete: whether a run packs its rows, at which length, and what either way costs.
+
+`run --dry-run` shows both sides (padding, steps per epoch, the cost model's seconds) whatever the recipe
+says; `data.packing: auto` takes the cheaper one and says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from neurontrain.data.buckets import StepCostModel, bucketing_seconds, padding_fraction, round_up
+from neurontrain.data.packing import Packing, PackingEstimate, docs_limit, estimate_packing
+from neurontrain.data.sources import PreparedData
+from neurontrain.errors import UsageError
+from neurontrain.loop.packed import unpackable_reason
+from neurontrain.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class BucketedSide:
+    """The unpacked alternative as the plan has it: its buckets (None: dynamic padding) and the cost model's
+    seconds for them when it estimated them (auto buckets)."""
+
+    lengths: list[int] | None
+    mode: str
+    seconds: float | None = None
+
+
+@dataclass
+class PackingDecision:
+    packing: Packing | None  # None: the run does not pack
+    summary: dict = field(default_factory=dict)  # for the plan description
+
+
+def row_length(recipe: Recipe, longest: int, bucketed: BucketedSide) -> int:
+    """Rows are as long as the longest bucket the run would have: a fixed list's last, data.max_length for
+    `max`, else the longest sample rounded up to data.pad_to_multiple_of (at most data.max_length)."""
+    spec = recipe.data
+    if bucketed.mode == "fixed" and bucketed.lengths:
+        return bucketed.lengths[-1]
+    if bucketed.mode == "max":
+        return spec.max_length
+    return min(round_up(longest, spec.pad_to_multiple_of), spec.max_length)
+
+
+def _unpacked_lengths(lengths: Sequence[int], bucketed: BucketedSide, multiple: int) -> list[int]:
+    """Dynamic padding has no buckets: every distinct rounded length stands for one."""
+    if bucketed.lengths is not None:
+        return bucketed.lengths
+    return sorted({round_up(n, multiple) for n in lengths})
+
+
+def _reason(chosen: bool, packed: PackingEstimate, bucketed_seconds: float, bucketed: BucketedSide) -> str:
+    what = "packing" if chosen else "no packing"
+    return (
+        f"data.packing auto: {what}: the cost model puts packed rows at {packed.seconds:.1f} s "
+        f"({packed.steps:.0f} steps of {packed.documents_per_row:.1f} samples a row, padding "
+        f"{packed.padding_fraction:.2f}) against {bucketed_seconds:.1f} s for buckets {bucketed.lengths or 'dynamic'} "
+        "on the same samples"
+    )
+
+
+def decide_packing(
+    recipe: Recipe,
+    data: PreparedData,
+    model_type: str,
+    bucketed: BucketedSide,
+    *,
+    cost: StepCostModel,
+    graphs_per_bucket: int,
+    world: int,
+) -> PackingDecision:
+    spec, task = recipe.data, recipe.task
+    lengths = data.train_lengths
+    length = row_length(recipe, max(lengths + data.eval_lengths), bucketed)
+    max_docs = spec.max_docs_per_row
+    if max_docs is None and task == "sequence-classification":
+        max_docs = docs_limit(min(lengths + data.eval_lengths), length)
+    packing = Packing(length, max_docs)
+    planned = recipe.train.max_steps * recipe.train.grad_accum
+    packed = estimate_packing(
+        [min(n, length) for n in lengths], packing, planned_batches=planned, graphs=graphs_per_bucket, cost=cost
+    )
+    unpacked = _unpacked_lengths(lengths, bucketed, spec.pad_to_multiple_of)
+    seconds = bucketed.seconds
+    if seconds is None:
+        seconds = bucketing_seconds(
+            [min(n, unpacked[-1]) for n in lengths],
+            unpacked,
+            planned_batches=planned,
+            graphs_per_bucket=graphs_per_bucket,
+            cost=cost,
+        )
+    rows_per_step = spec.batch_size * world
+    summary = {
+        "mode": spec.packing,
+        "row_length": length,
+        "max_docs_per_row": max_docs,
+        "samples_per_row": round(packed.documents_per_row, 2),
+        "padding_fraction": round(packed.padding_fraction, 4),
+        "steps_per_epoch": round(packed.rows / rows_per_step, 1),
+        "estimate_seconds": round(packed.seconds, 2),
+        "unpacked": {
+            "padding_fraction": round(padding_fraction([min(n, unpacked[-1]) for n in lengths], unpacked), 4),
+            "steps_per_epoch": round(len(lengths) / rows_per_step, 1),
+            "estimate_seconds": round(seconds, 2),
+        },
+    }
+    if spec.packing == "off":
+        return PackingDecision(None, summary | {"chosen": False})
+    unpackable = unpackable_reason(task, model_type, recipe.model.num_labels)
+    if spec.packing == "on":
+        if unpackable:
+            raise UsageError(f"data.packing: on: {unpackable}; set data.packing: off")
+        return PackingDecision(packing, summary | {"chosen": True})
+    if unpackable:
+        reason = f"data.packing auto: no packing: {unpackable}"
+        return PackingDecision(None, summary | {"chosen": False, "reason": reason})
+    chosen = packed.seconds < seconds
+    reason = _reason(chosen, packed, seconds, bucketed)
+    return PackingDecision(packing if chosen else None, summary | {"chosen": chosen, "reason": reason})

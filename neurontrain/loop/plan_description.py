@@ -1,0 +1,64 @@
+"""A run plan described for people: what `run --dry-run` prints and a launch logs."""
+
+from __future__ import annotations
+
+import statistics
+
+from neurontrain.loop.planning import RunPlan
+
+
+def describe_plan(plan: RunPlan) -> dict:
+    """What `run --dry-run` prints: the plan in numbers."""
+    r = plan.recipe
+    lengths = plan.data.train_lengths
+    world = plan.world
+    return {
+        "recipe": r.name,
+        "task": r.task,
+        "backend": plan.backend,
+        "model": {
+            "type": plan.dims.model_type,
+            "parameters": plan.dims.n_params,
+            "layers": plan.dims.n_layers,
+            "hidden": plan.dims.hidden,
+            "source": r.model.pretrained or "config",
+        },
+        "data": {
+            "source": r.data.source,
+            "train_samples": len(lengths),
+            "eval_samples": len(plan.data.eval_ids),
+            "tokens_min": min(lengths),
+            "tokens_median": statistics.median(lengths),
+            "tokens_max": max(lengths),
+            "truncated": plan.data.truncated,
+        },
+        "buckets": {
+            "mode": plan.bucket_mode,
+            "lengths": plan.buckets,
+            "used": sorted(set(plan.train_lengths_used)),
+            "estimate": plan.auto_estimate,
+        },
+        "packing": plan.packing_summary,
+        "batches_per_epoch": plan.batcher.batches_per_epoch(),
+        "steps": r.train.max_steps,
+        "world_size": world * plan.tp,
+        "tensor_parallel": plan.tp,
+        "per_worker_batch": r.data.batch_size,
+        "grad_accum": r.train.grad_accum,
+        "effective_batch": r.data.batch_size * r.train.grad_accum * world,
+        "gradient_reduction": _gradient_reduction(plan),
+        "expected_graphs": [list(k) for k in plan.expected_graphs()],
+        "padding_fraction": round(plan.padding_fraction(), 4),
+        "compile_cache": r.runtime.compile_cache,
+        "memory": plan.memory.describe() if plan.memory is not None else None,
+        "notes": plan.notes,
+    }
+
+
+def _gradient_reduction(plan: RunPlan) -> str:
+    if plan.world == 1:
+        return "none"
+    collective = "reduce-scatter (ZeRO-1)" if plan.recipe.train.zero1 is True else "all-reduce"
+    if plan.host_reduce:
+        return f"host {collective} (gloo) between the micro-step and optimizer graphs"
+    return f"in-graph {collective}"
