@@ -6,6 +6,7 @@ construction the graphs the loop executes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,18 +125,22 @@ class RunPlan:
         keys += [("eval", n) for n in sorted({b.length for b in self.eval_batches})]
         return keys
 
+    def _planned_train_batches(self) -> list[IndexBatch]:
+        steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
+        return list(itertools.islice(self.batcher.iterate(0), steps))
+
     def padding_fraction(self) -> float:
         """Padded share of the token slots of the planned training batches."""
         total = real = 0
-        batch_size = self.batcher.batch_size
         lengths = self.batcher.lengths
-        steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
-        for i, batch in enumerate(self.batcher.iterate(0)):
-            if i == steps:
-                break
-            total += batch.length * batch_size
+        for batch in self._planned_train_batches():
+            total += batch.length * self.batcher.batch_size
             real += sum(min(lengths[j], batch.length) for j in batch.indices)
         return 1.0 - real / total if total else 0.0
+
+    def samples_trained(self) -> int:
+        """Training samples in the planned training batches (over all workers; a packed row holds several)."""
+        return sum(len(batch.indices) for batch in self._planned_train_batches())
 
 
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:

@@ -40,9 +40,10 @@ class RunSummary:
     per_worker_batch: int  # rows per micro-batch on each worker
     grad_accum: int  # micro-batches per optimizer step
     effective_batch: int  # rows per optimizer step over all workers
+    samples_trained: int = 0  # training samples the run's steps cover, all workers (a packed row holds several)
     restarts: int  # times the workers were restarted after a failure (torchrun elastic)
     buckets: list[int] = field(default_factory=list)  # planned sequence-length buckets
-    bucket_mode: str  # how the buckets were chosen: fixed or auto (cost model)
+    bucket_mode: str  # how the buckets were chosen: fixed, max, dynamic, auto (cost model) or packed (data.packing)
     buckets_used: list[int] = field(default_factory=list)  # buckets that training batches actually used
     tokens_per_second: float  # real (non-padding) training tokens a second, all workers
     padding_fraction: float  # share of batch slots that were padding

@@ -227,6 +227,7 @@ class Trainer:
             per_worker_batch=recipe.data.batch_size,
             grad_accum=recipe.train.grad_accum,
             effective_batch=recipe.data.batch_size * plan.world * recipe.train.grad_accum,
+            samples_trained=plan.samples_trained(),
             restarts=self.dp.restart,
             buckets=plan.buckets,
             bucket_mode=plan.bucket_mode,

@@ -31,10 +31,14 @@ def _compiled_graph_ids(dump_dir):
     return list(first.values())
 
 
-@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
-def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, recipe):
+@pytest.mark.parametrize(
+    ("recipe", "packing"),
+    [("tiny-bert-classification", "off"), ("tiny-llama-clm", "off"), ("tiny-bert-classification", "on")],
+)
+def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, recipe, packing):
     cache = tmp_path / "cache"
     args = [str(recipes / f"{recipe}.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL]
+    args += ["--set", f"data.packing={packing}"]
     pre = run_cli("precompile", *args, "--json", str(tmp_path / "pre.json"))
     assert pre.returncode == 0, pre.stderr
     report = read_json(tmp_path / "pre.json")

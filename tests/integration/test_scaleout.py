@@ -133,9 +133,13 @@ def test_two_llama_workers_match_one_worker_with_the_same_global_batch(llama_two
     assert {c["check"] for c in preflight[0]["ranks"][1]["checks"]} >= {"device matmul", "all_reduce", "all_gather"}
 
 
-def test_two_bert_workers_match_one_worker(tmp_path):
-    # Dropout off: a mask drawn per worker cannot equal a mask drawn for the whole batch.
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_two_bert_workers_match_one_worker(tmp_path, packing):
+    # Dropout off: a mask drawn per worker cannot equal a mask drawn for the whole batch. Packed: each worker
+    # takes 8 of the 16 rows, and the loss is the mean over the documents of all of them.
     common = [
+        "--set",
+        f"data.packing={packing}",
         "--no-preflight",
         "--set",
         "train.max_steps=12",

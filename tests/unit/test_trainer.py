@@ -55,10 +55,11 @@ class _Killed(Exception):
     pass
 
 
-def test_resuming_from_a_checkpoint_continues_bit_identically(tmp_path: Path):
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_resuming_from_a_checkpoint_continues_bit_identically(tmp_path: Path, packing: str):
     backend = select_backend("eager")
-    Trainer(_plan(4), backend, tmp_path / "straight").run()
-    killed = Trainer(_plan(4), backend, tmp_path / "resumed")
+    Trainer(_plan(4, f"data.packing={packing}"), backend, tmp_path / "straight").run()
+    killed = Trainer(_plan(4, f"data.packing={packing}"), backend, tmp_path / "resumed")
     save = killed.maybe_save
 
     def save_then_die(step: int) -> None:
@@ -70,7 +71,7 @@ def test_resuming_from_a_checkpoint_continues_bit_identically(tmp_path: Path):
     with pytest.raises(_Killed):
         killed.run()
     assert max(_losses(tmp_path / "resumed")) == 3
-    summary = Trainer(_plan(4), backend, tmp_path / "resumed").run()
+    summary = Trainer(_plan(4, f"data.packing={packing}"), backend, tmp_path / "resumed").run()
     assert summary.resumed_from_step == 2
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")
     a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("straight", "resumed"))
