@@ -32,24 +32,31 @@ class Packing:
 def pack_rows(lengths: Sequence[int], order: Sequence[int], packing: Packing) -> list[tuple[int, ...]]:
     """Rows of sample indices: best-fit decreasing over the samples of `order` (longest first; equal lengths
     keep their order in `order`, so a shuffled order gives other rows of the same fill). Each sample goes into
-    the fullest row it still fits, else opens a new one. Rows come out in the order they were opened; a row's
-    samples in the order they were placed."""
+    the fullest row it still fits (of several as full, the one that got there last), else opens a new one.
+    Rows come out in the order they were opened; a row's samples in the order they were placed."""
     row_length, max_docs = packing.row_length, packing.max_docs
     by_length = sorted(order, key=lambda i: -min(lengths[i], row_length))
     rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (free slots, row number), ascending: rows that can take another document
+    free_sizes: list[int] = []  # ascending, distinct: at most row_length of them, so insertion stays cheap
+    rows_with_free: dict[int, list[int]] = {}  # free slots -> rows that can take another document
     for index in by_length:
         need = max(min(lengths[index], row_length), 1)
-        at = bisect.bisect_left(free, (need, -1))
-        if at == len(free):
+        at = bisect.bisect_left(free_sizes, need)
+        if at == len(free_sizes):
             rows.append([index])
             row, left = len(rows) - 1, row_length - need
         else:
-            left, row = free.pop(at)
+            left = free_sizes[at]
+            waiting = rows_with_free[left]
+            row = waiting.pop()
+            if not waiting:
+                del free_sizes[at], rows_with_free[left]
             rows[row].append(index)
             left -= need
         if left > 0 and (max_docs is None or len(rows[row]) < max_docs):
-            bisect.insort(free, (left, row))
+            if left not in rows_with_free:
+                bisect.insort(free_sizes, left)
+            rows_with_free.setdefault(left, []).append(row)
     return [tuple(row) for row in rows]
 
 
