@@ -26,6 +26,12 @@ RECIPE_CASES = {
     "bad overlong policy": (mutate("data.overlong", "wrap"), "data.overlong"),
     "file source without path": (mutate("data.source", "json"), "data.path is required"),
     "warmup longer than run": (mutate("train.schedule.warmup_steps", 1000), "warmup_steps must be smaller"),
+    "unknown packing mode": (mutate("data.packing", "sometimes"), "data.packing"),
+    "no room for a document": (mutate("data.max_docs_per_row", 0), "data.max_docs_per_row"),
+    "packing an unsupported model": (
+        mutate("data.packing", "on").replace("model_type: bert", "model_type: roberta"),
+        "data.packing: on: roberta is not a model type packing supports",
+    ),
     "not yaml": ("name: [unclosed\n", "not valid YAML"),
     "not a mapping": ("- a\n- b\n", "top level must be a mapping"),
     "empty recipe": ("", "empty"),
