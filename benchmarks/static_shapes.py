@@ -91,9 +91,10 @@ def run(strategy: str, steps: int) -> dict:
 
 
 def _median_run(runs: list[dict]) -> dict:
-    """The run of median real tokens a second, with every round's figure beside it."""
+    """The run of median real tokens a second (the lower of the two middle ones for an even count), with every
+    round's figure beside it."""
     ordered = sorted(runs, key=lambda r: r["tokens_per_second"])
-    return ordered[len(ordered) // 2] | {"rounds_tokens_per_second": [r["tokens_per_second"] for r in runs]}
+    return ordered[(len(ordered) - 1) // 2] | {"rounds_tokens_per_second": [r["tokens_per_second"] for r in runs]}
 
 
 def measure(names: list[str], steps: int, rounds: int) -> dict:
