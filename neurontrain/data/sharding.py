@@ -29,7 +29,7 @@ def resolve_grad_accum(batch_size: int, world: int, grad_accum: int, global_batc
     return derived
 
 
-def worker_rows(indices: tuple[int, ...], rank: int, world: int) -> tuple[int, ...]:
-    """The rows of a global batch that worker `rank` trains on: every world-th sample, so a partial last batch
-    is spread over the workers instead of leaving the last ones empty."""
-    return indices[rank::world]
+def worker_rows(rows: tuple, rank: int, world: int) -> tuple:
+    """The rows of a global batch that worker `rank` trains on (samples, or packed rows of samples): every
+    world-th, so a partial last batch is spread over the workers instead of leaving the last ones empty."""
+    return rows[rank::world]
