@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backend import is_xla_backend, resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
 from neurontrain.loop.packed import packed_inputs
@@ -196,8 +196,8 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
 def _checkpoint_function(backend: str) -> Callable:
     """torch-xla's checkpoint on the XLA backends (it puts an optimization barrier before the recompute, so
     XLA cannot merge the recompute back into the forward pass; torch's own fails on XLA, and torch-xla's
-    supports only the reentrant form); torch's non-reentrant checkpoint on eager."""
-    if resolve_backend_name(backend) == "eager":
+    supports only the reentrant form); torch's non-reentrant checkpoint on eager and native."""
+    if not is_xla_backend(resolve_backend_name(backend)):
         return functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
     from torch_xla.utils.checkpoint import checkpoint  # lazy: importing torch_xla starts a runtime
 
