@@ -189,8 +189,19 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     if tp != "auto" and tp > 1:
         to_tensor_parallel(model, tp)
     model.train()
+    settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
+
+
+def settle_problem_type(model: torch.nn.Module, task: str) -> None:
+    """Set a sequence classifier's `config.problem_type` to what transformers' forward would set on its first
+    call (one label: regression; more: single-label classification, the collator's labels being class ids).
+    Written inside forward, it is state torch.compile guards on: the second step would recompile. The value
+    is the same, so the other backends' graphs, checkpoints and export do not change."""
+    config = getattr(model, "config", None)
+    if task == "sequence-classification" and config is not None and config.problem_type is None:
+        config.problem_type = "regression" if config.num_labels == 1 else "single_label_classification"
 
 
 def _checkpoint_function(backend: str) -> Callable:
