@@ -117,13 +117,19 @@ def test_native_matches_eager_at_every_step(runs):
     assert worst < 1e-4, worst
 
 
-def test_the_native_runs_had_no_torch_xla(runs, no_torch_xla):
+def test_the_native_runs_had_no_torch_xla(runs, no_torch_xla, tmp_path):
+    """The blocker was loaded in the runs' processes, which never even looked for torch_xla; and it works."""
     log = Path(no_torch_xla["NO_TORCH_XLA_LOG"]).read_text()
-    assert "active in" in log
+    assert "active in" in log and "refused" not in log, log
+    probe_log = tmp_path / "probe.log"
     probe = subprocess.run(
-        [sys.executable, "-c", "import torch_xla"], env={**os.environ, **no_torch_xla}, capture_output=True, text=True
+        [sys.executable, "-c", "import torch_xla"],
+        env={**os.environ, **no_torch_xla, "NO_TORCH_XLA_LOG": str(probe_log)},
+        capture_output=True,
+        text=True,
     )
     assert probe.returncode != 0 and "No module named 'torch_xla'" in probe.stderr
+    assert "refused torch_xla" in probe_log.read_text()
 
 
 class _Head(torch.nn.Module):
