@@ -3,7 +3,8 @@
 import os
 
 import pytest
-from conftest import RECIPES
+from bad_input import assert_one_line_usage_error
+from conftest import RECIPES, cli_in_process
 
 from neurontrain.backend import select_backend
 from neurontrain.commands.arguments import backend_choices
@@ -39,6 +40,30 @@ def test_native_refuses_more_than_one_worker():
     recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", SMALL)
     with pytest.raises(UsageError, match="backend native: 2 workers"):
         make_plan(recipe, "native", world=2)
+
+
+class _Result:
+    def __init__(self, code: int, err: str) -> None:
+        self.returncode, self.stderr = code, err
+
+
+NOT_YET = {
+    "two workers": (["run", "--backend", "native", "--nproc-per-node", "2", "--dry-run"], "backend native: 2 workers"),
+    "precompile flag": (["precompile", "--backend", "native"], "invalid choice: 'native'"),
+    "precompile recipe": (["precompile", "--set", "runtime.backend=native"], "runtime.backend native is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_YET))
+def test_what_native_does_not_do_yet_is_a_one_line_usage_error(case: str, capsys):
+    args, expected = NOT_YET[case]
+    code, _, err = cli_in_process(capsys, args[0], str(RECIPES / "tiny-llama-clm.yaml"), *args[1:])
+    assert_one_line_usage_error(_Result(code, err), expected)
+
+
+def test_health_on_native_is_a_one_line_usage_error(capsys):
+    code, _, err = cli_in_process(capsys, "health", "--backend", "native")
+    assert_one_line_usage_error(_Result(code, err), "on the native backend are not built yet")
 
 
 def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch):
