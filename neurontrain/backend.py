@@ -1,4 +1,5 @@
-"""Which runtime we are on (Neuron, XLA:CPU, XLA:CUDA, or eager PyTorch) and what it can do.
+"""Which runtime we are on (Neuron, XLA:CPU, XLA:CUDA, native `torch.compile`, or eager PyTorch) and what it can
+do.
 
 Nothing is imported or initialised at import time: `select_backend()` does the work.
 """
@@ -14,8 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neurontrain.errors import UsageError
+from neurontrain.native import DynamoRecords, compile_in_place, native_target
 
-BACKENDS = ("neuron", "xla-cpu", "xla-cuda", "eager")
+BACKENDS = ("neuron", "xla-cpu", "xla-cuda", "native", "eager")
+XLA_BACKENDS = ("neuron", "xla-cpu", "xla-cuda")
+
+
+def is_xla_backend(name: str) -> bool:
+    """Whether a backend name (after `resolve_backend_name`) runs through torch-xla."""
+    return name in XLA_BACKENDS
 
 
 def neuron_devices() -> list[str]:
@@ -28,7 +36,7 @@ def neuron_available() -> bool:
 
 def resolve_backend_name(requested: str) -> str:
     """`auto` -> neuron when torch-neuronx and /dev/neuron* exist, xla-cuda when PJRT_DEVICE asks for it,
-    else xla-cpu."""
+    else xla-cpu. `native` is chosen by name only."""
     if requested != "auto":
         if requested not in BACKENDS:
             raise UsageError(f"unknown backend {requested!r} (choose from auto, {', '.join(BACKENDS)})")
@@ -46,12 +54,19 @@ class Backend:
     collectives: str
     reloads_executables: bool
     compiler_flags: list[str] = field(default_factory=list)
+    compiler: str | None = None  # native: the torch.compile backend ("inductor" here, "neuron" on TorchNeuron)
+    native_device: str | None = None  # native: the torch device type ("cpu" here, "neuron" on TorchNeuron)
     _device: Any = None
     _closures: list = field(default_factory=list)
+    _dynamo: DynamoRecords = field(default_factory=DynamoRecords)
 
     @property
     def is_xla(self) -> bool:
-        return self.name != "eager"
+        return is_xla_backend(self.name)
+
+    @property
+    def is_native(self) -> bool:
+        return self.name == "native"
 
     @property
     def device(self) -> Any:
@@ -62,12 +77,15 @@ class Backend:
                 import torch_xla
 
                 self._device = torch_xla.device()
+            elif self.is_native:
+                self._device = torch.device(self.native_device)
             else:
                 self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return self._device
 
     def sync(self) -> None:
-        """Cut the graph and launch it (XLA); on eager, run the step closures queued since the last sync."""
+        """Cut the graph and launch it (XLA); on eager and native (whose compiled graphs run when called), run
+        the step closures queued since the last sync."""
         if self.is_xla:
             import torch_xla
 
@@ -93,7 +111,20 @@ class Backend:
             return pl.MpDeviceLoader(batches, self.device)
         return _MovingLoader(batches, self.device)
 
+    def compile_model(self, model: Any, planned_graphs: int) -> None:
+        """On native, compile the model in place (`nn.Module.compile`, static shapes); elsewhere nothing: XLA
+        traces whatever runs, eager compiles nothing."""
+        if self.is_native:
+            compile_in_place(model, self.compiler, planned_graphs)
+
+    def compile_notes(self) -> list[str]:
+        """Native: TorchDynamo's recompile reasons and graph breaks since the last call; none elsewhere."""
+        return self._dynamo.notes() if self.is_native else []
+
     def compile_count(self) -> int:
+        """Graphs compiled in this process: XLA's compiles, TorchDynamo's graphs on native, none on eager."""
+        if self.is_native:
+            return self._dynamo.graphs()
         if not self.is_xla:
             return 0
         import torch_xla.debug.metrics as met
@@ -102,6 +133,8 @@ class Backend:
         return int(data[0]) if data else 0
 
     def compile_seconds(self) -> float:
+        if self.is_native:
+            return self._dynamo.seconds()
         if not self.is_xla:
             return 0.0
         import torch_xla.debug.metrics as met
@@ -180,6 +213,7 @@ class Backend:
             "collectives": self.collectives,
             "reloads_compiled_executables": self.reloads_executables,
             "compiler_flags": self.compiler_flags,
+            "torch_compile_backend": self.compiler,
             "pjrt_device": os.environ.get("PJRT_DEVICE"),
             "neuron_devices": neuron_devices(),
         }
@@ -240,6 +274,8 @@ def select_backend(
         if not neuron_available():
             raise UsageError("backend neuron needs torch-neuronx installed and /dev/neuron* devices")
         return Backend(name, "xla", True, flags)
+    if name == "native":
+        return native_backend(flags)
     if name in ("xla-cpu", "xla-cuda"):
         if importlib.util.find_spec("torch_xla") is None:
             raise UsageError(f"backend {name} needs torch-xla (pip install torch-xla==2.9.0)")
@@ -252,6 +288,21 @@ def select_backend(
     import torch
 
     return Backend("eager", "nccl" if torch.cuda.is_available() else "gloo", False, flags)
+
+
+def native_backend(compiler_flags: list[str]) -> Backend:
+    """`torch.compile` on the CPU, or on TorchNeuron's `neuron` device where that is installed (never through
+    torch-xla: transformers is told not to import it either, through its USE_TORCH_XLA flag)."""
+    os.environ["USE_TORCH_XLA"] = "0"
+    target = native_target(neuron_devices())
+    return Backend(
+        "native",
+        target.collectives,
+        False,
+        compiler_flags,
+        compiler=target.compiler,
+        native_device=target.device_type,
+    )
 
 
 def backend_for(runtime: Any) -> Backend:

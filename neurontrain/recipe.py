@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from neurontrain.errors import UsageError
 
 Task = Literal["sequence-classification", "causal-lm"]
-BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "eager"]
+BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "native", "eager"]
 
 
 class _Strict(BaseModel):

@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     _check_bounds(args)
     recipe = load_recipe(args.recipe, recipe_overrides(args))
     cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
+    if recipe.runtime.backend == "native":
+        raise UsageError("precompile: runtime.backend native is not supported yet (run compiles its graphs)")
     backend = backend_for(recipe.runtime)
     target = args.target if args.target != "auto" else ("neuron" if neuron_runtime_present() else "none")
     if target == "neuron" and not neuron_runtime_present():

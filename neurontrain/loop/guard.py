@@ -17,6 +17,9 @@ class RecompilationGuard:
     compiled, or for a key the plan does not list, is an unexpected graph: reported with the shapes that
     caused it, and fatal when mode is "fail". More than one graph execution in one step means a hidden host
     sync (for example `.item()` or data-dependent Python control flow inside the model).
+
+    On the native backend the compile counter is TorchDynamo's graph count, and `explain` gives what
+    TorchDynamo says about the new graphs (recompile reasons, graph breaks): they go with the report.
     """
 
     def __init__(
@@ -27,14 +30,17 @@ class RecompilationGuard:
         execute_count: Callable[[], int],
         report: Callable[[str], None] | None = None,
         known_graphs: set[str] | None = None,
+        explain: Callable[[], list[str]] | None = None,
     ) -> None:
-        """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them."""
+        """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them.
+        explain: why the graphs since its last call compiled (each call reports only what is new)."""
         self.expected = set(expected)
         self.known_graphs = known_graphs
         self.mode = mode
         self._compiles = compile_count
         self._executes = execute_count
         self._report = report or log.warning
+        self._explain = explain or list
         self._last_compiles = compile_count()
         self._executes_at_start = execute_count()
         self._syncs = 0
@@ -54,6 +60,7 @@ class RecompilationGuard:
         # Executions run asynchronously and are counted when they run, so compare running totals: more
         # executions than syncs so far can only come from syncs that the loop did not make.
         extra_executions = self._executes() - self._executes_at_start - self._syncs
+        why = self._explain() if new_compiles > 0 else []
         if new_compiles > 0:
             first_time = key not in self.compiled
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
@@ -75,11 +82,12 @@ class RecompilationGuard:
                         if new_compiles > syncs
                         else "not in the precompile manifest"
                     ),
+                    **({"why": why} if why else {}),
                 }
                 self.unexpected.append(event)
                 message = (
                     f"unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
-                    f"{event['reason']}, {new_compiles} compile(s)"
+                    f"{event['reason']}, {new_compiles} compile(s)" + "".join(f"; {w}" for w in why)
                 )
                 if self.mode == "fail":
                     raise RecompilationError(message + " (train.recompile_guard: fail)")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backend import is_xla_backend, resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
 from neurontrain.loop.packed import packed_inputs
@@ -189,15 +189,26 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     if tp != "auto" and tp > 1:
         to_tensor_parallel(model, tp)
     model.train()
+    settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
+
+
+def settle_problem_type(model: torch.nn.Module, task: str) -> None:
+    """Set a sequence classifier's `config.problem_type` to what transformers' forward would set on its first
+    call (one label: regression; more: single-label classification, the collator's labels being class ids).
+    Written inside forward, it is state torch.compile guards on: the second step would recompile. The value
+    is the same, so the other backends' graphs, checkpoints and export do not change."""
+    config = getattr(model, "config", None)
+    if task == "sequence-classification" and config is not None and config.problem_type is None:
+        config.problem_type = "regression" if config.num_labels == 1 else "single_label_classification"
 
 
 def _checkpoint_function(backend: str) -> Callable:
     """torch-xla's checkpoint on the XLA backends (it puts an optimization barrier before the recompute, so
     XLA cannot merge the recompute back into the forward pass; torch's own fails on XLA, and torch-xla's
-    supports only the reentrant form); torch's non-reentrant checkpoint on eager."""
-    if resolve_backend_name(backend) == "eager":
+    supports only the reentrant form); torch's non-reentrant checkpoint on eager and native."""
+    if not is_xla_backend(resolve_backend_name(backend)):
         return functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
     from torch_xla.utils.checkpoint import checkpoint  # lazy: importing torch_xla starts a runtime
 

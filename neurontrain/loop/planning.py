@@ -116,11 +116,17 @@ class RunPlan:
         return kinds + (["eval"] if self.eval_batches else [])
 
     def expected_graphs(self) -> list[tuple]:
-        """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) for split steps."""
-        keys: list[tuple] = [("setup",)]
+        """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) for split steps.
+
+        On native, torch.compile compiles the model only: one TorchDynamo graph per train (or train-micro)
+        length, its forward and backward (the backward compiled by AOTAutograd with it), and one per eval
+        length (no_grad and eval mode are guards, so evaluation is a graph of its own). AdamW, the schedule
+        and clipping run eagerly: no ("setup",) and no ("optimizer",) graph."""
+        native = self.backend == "native"
+        keys: list[tuple] = [] if native else [("setup",)]
         train_kind = "train-micro" if self.split_step else "train"
         keys += [(train_kind, n) for n in sorted(set(self.train_lengths_used))]
-        if self.split_step:
+        if self.split_step and not native:
             keys.append(("optimizer",))
         keys += [("eval", n) for n in sorted({b.length for b in self.eval_batches})]
         return keys
@@ -288,6 +294,11 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
 def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
     """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
     tp = _tp_pinned(recipe, world)
+    if backend == "native" and world > 1:
+        raise UsageError(
+            f"backend native: {world} workers; the native backend trains on one worker for now (DDP and FSDP2 "
+            "are not built yet)"
+        )
     data = data or prepare_data(recipe)
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)

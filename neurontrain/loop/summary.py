@@ -23,7 +23,7 @@ class RunSummary:
     """What a run reports when it ends; each field's comment is its description in the README."""
 
     recipe: str  # recipe name
-    backend: str  # backend the run used (neuron, xla-cpu, xla-cuda, eager)
+    backend: str  # backend the run used (neuron, xla-cpu, xla-cuda, native, eager)
     steps: int  # optimizer steps of the run (train.max_steps)
     resumed_from_step: int | None = None  # step of the checkpoint the run resumed from; null for a fresh run
     first_loss: float | None = None  # training loss of the first logged step

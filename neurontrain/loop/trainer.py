@@ -103,6 +103,7 @@ class Trainer:
         if self.initialize is not None and self._restored is None:
             self.initialize(self.model)
         self.model.to(device)
+        backend.compile_model(self.model, len(self.plan.expected_graphs()))
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
         self._compiles_at_start = backend.compile_count()
         self._compile_seconds_at_start = backend.compile_seconds()
@@ -112,6 +113,7 @@ class Trainer:
             backend.compile_count,
             backend.execute_count,
             known_graphs=self.manifest_graphs,
+            explain=backend.compile_notes,
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
