@@ -83,10 +83,26 @@ def compile_in_place(model: Any, compiler: str, planned_graphs: int) -> None:
     plan's number of graphs so a planned graph is never dropped."""
     import torch._dynamo  # lazy: TorchDynamo loads in seconds and only the native backend uses it
 
+    if compiler == "inductor":
+        require_cpp_compiler()
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, planned_graphs + 1)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, planned_graphs + 1)
     model.compile(backend=compiler, dynamic=False)
+
+
+def require_cpp_compiler() -> None:
+    """Inductor compiles C++ for the CPU: without a compiler it fails at the first step with a long traceback.
+    Asks inductor's own compiler search (the CXX it is configured with, else g++) before anything compiles."""
+    from torch._inductor import cpp_builder, exc  # lazy: see compile_in_place
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        raise UsageError(
+            "backend native on CPU: inductor found no C++ compiler (it looks for g++, or the one "
+            "torch._inductor.config.cpp.cxx names); install g++"
+        ) from None
 
 
 @dataclass

@@ -179,3 +179,21 @@ def test_the_guard_stops_on_a_graph_break_in_fail_mode(monkeypatch):
     model(torch.randn(2, 8, 4))
     with pytest.raises(RecompilationError, match="more graphs than syncs.*graph break"):
         guard.after_sync(("train", 8), 1, {"x": [2, 8, 4]})
+
+
+def test_a_cpu_without_a_cpp_compiler_is_one_line_and_exit_2(tmp_path):
+    result = run_cli(
+        "run",
+        str(RECIPES / "tiny-llama-clm.yaml"),
+        "--backend",
+        "native",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.schedule.warmup_steps=0",
+        "--output-dir",
+        str(tmp_path / "run"),
+        env={"CXX": str(tmp_path / "no-such-c++")},
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "inductor found no C++ compiler" in result.stderr and "Traceback" not in result.stderr
