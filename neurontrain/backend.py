@@ -77,8 +77,10 @@ class Backend:
                 import torch_xla
 
                 self._device = torch_xla.device()
+            elif self.is_native and self.native_device != "cpu":
+                self._device = torch.device(self.native_device, int(os.environ.get("LOCAL_RANK", 0)))
             elif self.is_native:
-                self._device = torch.device(self.native_device)
+                self._device = torch.device("cpu")
             else:
                 self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return self._device

@@ -42,8 +42,6 @@ def parse_size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.backend == "native":
-        raise UsageError("health: checks through torch.distributed on the native backend are not built yet")
     options = options_from(
         HealthOptions,
         args,

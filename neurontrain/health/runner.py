@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backend import neuron_devices, resolve_backend_name
 from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
 from neurontrain.health.parsers import OPS, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
+from neurontrain.native import torchneuron_host
 
 STALL_SECONDS = 3.0
 
@@ -164,6 +165,13 @@ def _device_problems(device: dict | None, local: range) -> list[dict]:
     ]
 
 
+def workers_share_the_host(backend: str) -> bool:
+    """XLA:CPU, eager on a CPU-only host and native on the CPU: every local worker runs on the host CPU."""
+    if backend == "native":
+        return not torchneuron_host(neuron_devices())
+    return backend in ("xla-cpu", "eager")
+
+
 def run_health(opts: HealthOptions) -> dict:
     start = time.time()
     neuron = opts.neuron_tools or (opts.neuron_tools is None and shutil.which("neuron-ls") is not None)
@@ -176,7 +184,7 @@ def run_health(opts: HealthOptions) -> dict:
     # Workers on XLA:CPU share one device, the host: it is checked once, by a process started beside the
     # launcher (so its torch-xla start-up overlaps the launch). Neuron and GPU workers check their own device.
     node_check = None
-    if resolve_backend_name(opts.backend) in ("xla-cpu", "eager"):
+    if workers_share_the_host(resolve_backend_name(opts.backend)):
         cmd.append("--skip-device")
         node_check = _start_node_check(opts, work)
     log = open(work / "torchrun.log", "wb")

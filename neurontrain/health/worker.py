@@ -68,8 +68,12 @@ class Reporter:
         self.write()
 
 
-def device_checks(backend, expect_devices: int | None, reporter: Reporter | None = None) -> list[dict]:
-    """Operations with known results on the device, checked against CPU, and the device count."""
+def device_checks(
+    backend, expect_devices: int | None, reporter: Reporter | None = None, *, compiler: bool = False
+) -> list[dict]:
+    """Operations with known results on the device, checked against CPU, and the device count; with `compiler`,
+    on native, a compile through the native backend's compiler too (`health` checks it; preflight leaves it to
+    the run, which compiles the model next)."""
     results: list[dict] = []
 
     def check(name: str, fn) -> None:
@@ -112,31 +116,58 @@ def device_checks(backend, expect_devices: int | None, reporter: Reporter | None
         want = x * y + x
         return torch.equal(got, want), "bf16 multiply-add differs from CPU"
 
+    def compiled():
+        return compile_check(backend, a, b)
+
     check("device matmul", matmul)
     check("device reductions", reductions)
     check("device bf16", bf16)
+    if compiler and backend.is_native:
+        check("device compile", compiled)
     if expect_devices is not None:
 
         def count():
-            if backend.is_xla:
-                import torch_xla.runtime as xr
-
-                found = xr.addressable_runtime_device_count()
-            else:
-                found = torch.cuda.device_count() if torch.cuda.is_available() else 1
+            found = device_count(backend)
             return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
 
         check("device count", count)
     return results
 
 
+def compile_check(backend, a: torch.Tensor, b: torch.Tensor) -> tuple[bool, str]:
+    """The native backend's compiler (inductor here, `neuron` on TorchNeuron) compiles a small function whose
+    result matches eager on the CPU: a missing C++ compiler or a broken compiler install fails here, named."""
+    device = backend.device
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x @ y) * 0.5 + x.sum(dim=0)
+
+    got = torch.compile(fn, backend=backend.compiler, dynamic=False)(a.to(device), b.to(device)).cpu()
+    err = (got - fn(a, b)).abs().max().item()
+    return err < 1e-3, f"compiled function differs from eager on the CPU by {err:.3g}"
+
+
+def device_count(backend) -> int:
+    """Devices this worker can address."""
+    if backend.is_xla:
+        import torch_xla.runtime as xr  # lazy: importing torch_xla starts a runtime
+
+        return xr.addressable_runtime_device_count()
+    if backend.is_native and backend.native_device != "cpu":
+        return torch.accelerator.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
 def expected_pattern(numel: int, rank: int, dtype):
     return (torch.arange(numel, dtype=torch.int64) % 7 + 1).to(dtype) * (rank + 1)
 
 
-def _collective(op: str, numel: int, rank: int, world: int) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
-    """(a call that runs the collective once on this rank's known input, the result it must return)."""
-    x = expected_pattern(numel, rank, torch.float32)
+def _collective(
+    op: str, numel: int, rank: int, world: int, device: torch.device
+) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """(a call that runs the collective once on this rank's known input on `device`, the result it must return,
+    on the CPU)."""
+    x = expected_pattern(numel, rank, torch.float32).to(device)
     reduced = expected_pattern(numel, 0, torch.float32) * (world * (world + 1) // 2)
     if op == "all_reduce":
 
@@ -147,16 +178,22 @@ def _collective(op: str, numel: int, rank: int, world: int) -> tuple[Callable[[]
 
         return all_reduce, reduced
     if op == "all_gather":
-        gathered = torch.empty(numel * world)
+        gathered = torch.empty(numel * world, device=device)
         want = torch.cat([expected_pattern(numel, r, torch.float32) for r in range(world)])
         return lambda: (dist.all_gather_into_tensor(gathered, x), gathered)[1], want
-    scattered = torch.empty(numel // world)
+    scattered = torch.empty(numel // world, device=device)
     return lambda: (dist.reduce_scatter_tensor(scattered, x), scattered)[1], reduced.chunk(world)[rank]
 
 
-def _timed_check(name: str, op: str, nbytes: int, world: int, iters: int, warmup: int) -> dict:
-    run, want = _collective(op, nbytes // 4, dist.get_rank(), world)
-    got = run()
+def _wait_for(device: torch.device) -> None:
+    """Collectives on an accelerator return before they finish: wait before reading the clock."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def _timed_check(name: str, op: str, nbytes: int, world: int, iters: int, warmup: int, device: torch.device) -> dict:
+    run, want = _collective(op, nbytes // 4, dist.get_rank(), world, device)
+    got = run().cpu()
     ok = torch.equal(got, want)
     for _ in range(warmup):
         run()
@@ -164,6 +201,7 @@ def _timed_check(name: str, op: str, nbytes: int, world: int, iters: int, warmup
     for _ in range(iters):
         t0 = time.perf_counter()
         run()
+        _wait_for(device)
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times)
     size_bytes = nbytes * world if op == "all_gather" else nbytes
@@ -185,7 +223,11 @@ def _timed_check(name: str, op: str, nbytes: int, world: int, iters: int, warmup
     return result
 
 
-def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: int) -> bool:
+def collective_checks(
+    reporter: Reporter, sizes: list[int], iters: int, warmup: int, device: torch.device | None = None
+) -> bool:
+    """Each collective at each size on tensors on `device` (default: the host, as gloo takes them)."""
+    device = device or torch.device("cpu")
     world = dist.get_world_size()
     ok_all = True
     for op in OPS:
@@ -194,7 +236,7 @@ def collective_checks(reporter: Reporter, sizes: list[int], iters: int, warmup: 
             name = f"{op} {nbytes}B"
             reporter.start(name)
             try:
-                result = _timed_check(name, op, nbytes, world, iters, warmup)
+                result = _timed_check(name, op, nbytes, world, iters, warmup, device)
             except Exception as exc:
                 reporter.state["state"] = "failed"
                 reporter.state["error"] = f"{type(exc).__name__}: {first_line(exc)}"
@@ -214,7 +256,7 @@ def node_device_check(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-devices", type=int)
     args, _ = parser.parse_known_args(argv)
     started = time.time()
-    results = device_checks(select_backend(args.backend), args.expect_devices)
+    results = device_checks(select_backend(args.backend), args.expect_devices, compiler=True)
     for r in results:
         r["finished_at"] = round(time.time(), 3)
     out = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": started, "results": results}
@@ -236,14 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     rank = process_rank()
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
+    backend = select_backend(args.backend)
     if args.skip_device:
         reporter.state["device"] = "the host CPU, shared by all local workers: checked once by the coordinator"
     else:
-        ok &= all(r["ok"] for r in device_checks(select_backend(args.backend), args.expect_devices, reporter))
+        ok &= all(r["ok"] for r in device_checks(backend, args.expect_devices, reporter, compiler=True))
+    # native: the device's own process-group backend on device tensors (gloo on the CPU, `neuron` on
+    # TorchNeuron); the XLA backends' host-side gloo group otherwise, as their training uses it for host tensors
+    collectives, device = (backend.collectives, backend.device) if backend.is_native else ("gloo", None)
     reporter.start("rendezvous")
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group(collectives, timeout=timedelta(seconds=args.timeout))
     reporter.finish({"check": "rendezvous", "ok": True})
-    ok &= collective_checks(reporter, [int(s) for s in args.sizes.split(",")], args.iters, args.warmup)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ok &= collective_checks(reporter, sizes, args.iters, args.warmup, device)
     if reporter.state["state"] != "failed":
         reporter.state["state"] = "done"
         reporter.write()

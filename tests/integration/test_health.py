@@ -11,8 +11,21 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, read_json, run_cli
+from torch_xla_blocker import without_torch_xla
 
 TIMEOUT = 45
+# Arranged from the test: rank 1's all-gather output is corrupted
+CORRUPT_RANK1_ALL_GATHER = """
+import os
+if os.environ.get("RANK") == "1":
+    import torch.distributed as dist
+    _orig = dist.all_gather_into_tensor
+    def _corrupt(out, inp, *a, **k):
+        work = _orig(out, inp, *a, **k)
+        out[0] += 1
+        return work
+    dist.all_gather_into_tensor = _corrupt
+"""
 
 
 def _start(tmp_path, *extra, env=None):
@@ -115,27 +128,41 @@ def test_a_stopped_or_killed_worker_is_named(tmp_path, sig):
 
 
 def test_a_worker_returning_wrong_data_is_named(tmp_path):
-    """Arranged from the test: rank 1's all-gather output is corrupted by a sitecustomize hook."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        "import os\n"
-        "if os.environ.get('RANK') == '1':\n"
-        "    import torch.distributed as dist\n"
-        "    _orig = dist.all_gather_into_tensor\n"
-        "    def _corrupt(out, inp, *a, **k):\n"
-        "        work = _orig(out, inp, *a, **k)\n"
-        "        out[0] += 1\n"
-        "        return work\n"
-        "    dist.all_gather_into_tensor = _corrupt\n"
-    )
+    (hook / "sitecustomize.py").write_text(CORRUPT_RANK1_ALL_GATHER)
     env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)}
-    proc = _start(tmp_path, env=env)
-    _, stderr = proc.communicate(timeout=TIMEOUT + 30)
+    out = _named_wrong_all_gather(tmp_path, env)
+    assert out["node_device"]["results"] and "device compile" not in _node_checks(out)  # native's check only
+
+
+def test_native_health_through_torch_distributed_without_torch_xla(tmp_path):
+    """--backend native: the native compiler is checked, the collectives run through the native device's
+    process group (gloo here), torch_xla is never imported; rank 1's lying all-gather is named (exit 3) while
+    its all-reduce and reduce-scatter pass."""
+    env = without_torch_xla(tmp_path / "site", also=CORRUPT_RANK1_ALL_GATHER)
+    out = _named_wrong_all_gather(tmp_path, env, "--backend", "native")
+    assert _node_checks(out) == {"device matmul", "device reductions", "device bf16", "device compile"}
+    assert all(r["ok"] for r in out["node_device"]["results"])
+    rank1 = [c for c in out["ranks"]["1"]["results"] if "op" in c]
+    assert {c["op"] for c in rank1 if c["ok"]} == {"all_reduce", "reduce_scatter"}
+    assert {c["op"] for c in rank1 if not c["ok"]} == {"all_gather"}
+    log = Path(env["NO_TORCH_XLA_LOG"]).read_text()
+    assert log.count("active in") >= 4 and "refused" not in log, log  # launcher, node check, two workers
+
+
+def _node_checks(out: dict) -> set[str]:
+    return {r["check"] for r in out["node_device"]["results"]}
+
+
+def _named_wrong_all_gather(tmp_path, env: dict, *extra: str) -> dict:
+    proc = _start(tmp_path, *extra, env=env)
+    _, stderr = proc.communicate(timeout=TIMEOUT + 60)
     assert proc.returncode == 3, stderr[-3000:]
     out = read_json(tmp_path / "out.json")
     assert [b["rank"] for b in out["bad_ranks"]] == [1]
     assert out["bad_ranks"][0]["check"].startswith("all_gather") and "wrong result" in out["bad_ranks"][0]["problem"]
+    return out
 
 
 def test_a_failing_device_check_fails_the_health_check(tmp_path):

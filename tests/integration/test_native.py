@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import RECIPES, read_json, read_metrics, run_cli
 from safetensors.torch import load_file
+from torch_xla_blocker import without_torch_xla
 
 from neurontrain.backend import select_backend
 from neurontrain.errors import RecompilationError
@@ -31,43 +32,11 @@ NO_DROPOUT = {
     "tiny-llama-clm": ["model.config.attention_dropout=0.0"],
 }
 
-# Loaded first by every Python process started with this directory on PYTHONPATH: each import finder answers
-# "not found" for torch_xla (and its extension _XLAC), as on a TorchNeuron host where torch-xla is not installed.
-BLOCKER = """
-import os, sys
-
-BLOCKED = ("torch_xla", "_XLAC")
-LOG = os.environ["NO_TORCH_XLA_LOG"]
-
-
-class _WithoutTorchXla:
-    def __init__(self, inner):
-        self.inner = inner
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            with open(LOG, "a") as fh:
-                fh.write(f"refused {name}\\n")
-            return None
-        find = getattr(self.inner, "find_spec", None)
-        return find(name, path, target) if find else None
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
-
-
-sys.meta_path[:] = [_WithoutTorchXla(finder) for finder in sys.meta_path]
-with open(LOG, "a") as fh:
-    fh.write(f"active in {os.getpid()}\\n")
-"""
-
 
 @pytest.fixture(scope="module")
 def no_torch_xla(tmp_path_factory) -> dict:
     """Environment for a process in which torch_xla cannot be imported; its log records the blocker at work."""
-    root = tmp_path_factory.mktemp("no-torch-xla")
-    (root / "sitecustomize.py").write_text(BLOCKER)
-    return {"PYTHONPATH": str(root), "NO_TORCH_XLA_LOG": str(root / "blocked.log")}
+    return without_torch_xla(tmp_path_factory.mktemp("no-torch-xla"))
 
 
 @pytest.fixture(scope="module", params=sorted(NO_DROPOUT))

@@ -61,11 +61,6 @@ def test_what_native_does_not_do_yet_is_a_one_line_usage_error(case: str, capsys
     assert_one_line_usage_error(_Result(code, err), expected)
 
 
-def test_health_on_native_is_a_one_line_usage_error(capsys):
-    code, _, err = cli_in_process(capsys, "health", "--backend", "native")
-    assert_one_line_usage_error(_Result(code, err), "on the native backend are not built yet")
-
-
 def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch):
     monkeypatch.setenv("USE_TORCH_XLA", "1")
     assert native_target([]) == CPU_TARGET
