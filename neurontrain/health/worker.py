@@ -74,26 +74,6 @@ def device_checks(
     """Operations with known results on the device, checked against CPU, and the device count; with `compiler`,
     on native, a compile through the native backend's compiler too (`health` checks it; preflight leaves it to
     the run, which compiles the model next)."""
-    results: list[dict] = []
-
-    def check(name: str, fn) -> None:
-        if reporter:
-            reporter.start(name)
-        t0 = time.perf_counter()
-        try:
-            ok, problem = fn()
-        except Exception as exc:  # a device that cannot run the op is a failed check, named
-            ok, problem = False, f"{type(exc).__name__}: {first_line(exc)}"
-        result = {
-            "check": name,
-            "ok": ok,
-            "seconds": round(time.perf_counter() - t0, 4),
-            **({"problem": problem} if not ok else {}),
-        }
-        results.append(result)
-        if reporter:
-            reporter.finish(result)
-
     device = backend.device
     gen = torch.Generator().manual_seed(1234)
     a, b = torch.randn(128, 128, generator=gen), torch.randn(128, 128, generator=gen)
@@ -116,22 +96,32 @@ def device_checks(
         want = x * y + x
         return torch.equal(got, want), "bf16 multiply-add differs from CPU"
 
-    def compiled():
-        return compile_check(backend, a, b)
+    def count():
+        found = device_count(backend)
+        return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
 
-    check("device matmul", matmul)
-    check("device reductions", reductions)
-    check("device bf16", bf16)
+    checks = [("device matmul", matmul), ("device reductions", reductions), ("device bf16", bf16)]
     if compiler and backend.is_native:
-        check("device compile", compiled)
+        checks.append(("device compile", lambda: compile_check(backend, a, b)))
     if expect_devices is not None:
+        checks.append(("device count", count))
+    return [_run_check(name, fn, reporter) for name, fn in checks]
 
-        def count():
-            found = device_count(backend)
-            return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
 
-        check("device count", count)
-    return results
+def _run_check(name: str, fn: Callable[[], tuple[bool, str]], reporter: Reporter | None) -> dict:
+    if reporter:
+        reporter.start(name)
+    t0 = time.perf_counter()
+    try:
+        ok, problem = fn()
+    except Exception as exc:  # a device that cannot run the op is a failed check, named
+        ok, problem = False, f"{type(exc).__name__}: {first_line(exc)}"
+    result = {"check": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 4)}
+    if not ok:
+        result["problem"] = problem
+    if reporter:
+        reporter.finish(result)
+    return result
 
 
 def compile_check(backend, a: torch.Tensor, b: torch.Tensor) -> tuple[bool, str]:
