@@ -70,8 +70,11 @@ class DataParallel:
             # refused" after a SIGKILL). Key this attempt's rendezvous by the restart count.
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"neurontrain/attempt_{self.restart}", store)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-            self._group = None  # the default group is gloo
+            # native: the device's own process group (gloo on the CPU, `neuron` on TorchNeuron) for DDP
+            collectives = backend.collectives if backend.is_native else "gloo"
+            dist.init_process_group(collectives, store=store, rank=rank, world_size=world, timeout=timeout)
+            # host tensors and objects go through gloo: the default group when it is gloo, else a gloo group
+            self._group = None if collectives == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
         self._started = True
 
     def close(self) -> None:

@@ -3,6 +3,7 @@ replicated optimizer (every worker keeps all of AdamW's state; `zero1.py` has th
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -86,6 +87,19 @@ class Replicated:
 
     def materialize(self) -> None:
         materialize_optimizer_state(self.optimizer)
+
+    def training_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module a micro-step calls: the model itself (native data parallel: its DDP wrapper)."""
+        return model
+
+    def loss_scale(self, items: int) -> float:
+        """What a worker's loss is multiplied by before its backward (native data parallel only: its share of
+        the step's loss items); 1.0 leaves the graph as it is."""
+        return 1.0
+
+    def accumulating(self, more_to_come: bool) -> contextlib.AbstractContextManager:
+        """The context of a micro-step's forward and backward (DDP's no_sync before the last micro-batch)."""
+        return contextlib.nullcontext()
 
     def state_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
         return steps.state_tensors(model, self.optimizer)

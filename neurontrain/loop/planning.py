@@ -294,11 +294,10 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
 def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
     """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
     tp = _tp_pinned(recipe, world)
-    if backend == "native" and world > 1:
-        raise UsageError(
-            f"backend native: {world} workers; the native backend trains on one worker for now (DDP and FSDP2 "
-            "are not built yet)"
-        )
+    if backend == "native" and tp > 1:
+        raise UsageError("backend native: parallel.tp > 1 is not built on the native backend (data parallel is)")
+    if backend == "native" and world > 1 and recipe.train.zero1 is True:
+        raise UsageError("backend native: train.zero1 is not built on the native backend (DDP replicates AdamW)")
     data = data or prepare_data(recipe)
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)

@@ -24,11 +24,15 @@ def forward(model: torch.nn.Module, batch: dict, dims: ModelDims, autocast: Any,
         return model(**model_inputs(batch, dims, torch.float32))
 
 
-def micro_step(model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelDims, autocast: Any) -> torch.Tensor:
-    """Forward and backward of one micro-batch; returns the detached loss."""
+def micro_step(
+    model: torch.nn.Module, batch: dict, recipe: Recipe, dims: ModelDims, autocast: Any, scale: float = 1.0
+) -> torch.Tensor:
+    """Forward and backward of one micro-batch (the loss multiplied by `scale` for the backward, when it is not
+    1); returns the detached loss."""
     loss = forward(model, batch, dims, autocast, recipe.train.precision).loss
     accum = recipe.train.grad_accum
-    (loss / accum if accum > 1 else loss).backward()
+    scaled = loss / accum if accum > 1 else loss
+    (scaled * scale if scale != 1.0 else scaled).backward()
     return loss.detach()
 
 

@@ -141,17 +141,21 @@ class Trainer:
         plan, recipe, backend = self.plan, self.recipe, self.backend
         micro_losses: list[torch.Tensor] = []
         length = items = 0
-        for micro in range(recipe.train.grad_accum):
+        accum, strategy = recipe.train.grad_accum, self.strategy
+        batches = [next(self.batches) for _ in range(accum)]
+        scale = strategy.loss_scale(sum(batch["loss_items"] for batch in batches))
+        for micro, batch in enumerate(batches):
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
                 seed_graph(backend, graph_seed(recipe.train.seed, step, micro, self.dp.rank))
-            batch = next(self.batches)
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
             length = batch["input_ids"].shape[1]
             self.log.count(real, batch["input_ids"].numel())
             if n_items == 0 and self.dp.enabled:
                 continue  # a partial last batch left this worker no rows: it adds nothing (and no NaN)
             items += n_items
-            micro_losses.append(steps.micro_step(self.model, batch, recipe, plan.dims, backend.autocast))
+            with strategy.accumulating(micro < accum - 1):
+                module = strategy.training_module(self.model)
+                micro_losses.append(steps.micro_step(module, batch, recipe, plan.dims, backend.autocast, scale))
             if plan.split_step:
                 shapes = {"input_ids": list(batch["input_ids"].shape)}
                 self._sync(("train-micro", length), step, lambda: self._state_tensors() + micro_losses[-1:], shapes)
