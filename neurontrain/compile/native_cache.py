@@ -186,3 +186,25 @@ class NativeCacheUse:
             "graphs_compiled": counts["autograd_cache_miss"] + counts["autograd_cache_bypass"],
             "counters": counts,
         }
+
+
+def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) -> dict:
+    """`cache status` on native: the plan's artifacts entry, locally (checked against its record) and remotely."""
+    path = native_entry_path(plan, device_type, compiler)
+    location = cache.local / path
+    remote = cache.remote.list_entries() if cache.remote is not None else {}
+    out = {
+        "recipe": plan.recipe.name,
+        "plan_id": run_plan_id(plan, "native"),
+        "backend": "native",
+        "entry": path,
+        "planned_graphs": [list(k) for k in plan.expected_graphs()],
+        "local": location.exists(),
+        "local_problem": entry_problem(location) if location.exists() else None,
+        "remote": path in remote if cache.remote is not None else None,
+    }
+    if out["local"] and (location / META).is_file():
+        out["entry_graphs"] = json.loads((location / META).read_text()).get("graphs", [])
+    if not out["local"] and not out["remote"]:
+        out["note"] = "no artifacts for this plan: run `neurontrain precompile --backend native` with the same recipe"
+    return out
