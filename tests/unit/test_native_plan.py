@@ -49,8 +49,14 @@ class _Result:
 
 NOT_YET = {
     "two workers": (["run", "--backend", "native", "--nproc-per-node", "2", "--dry-run"], "backend native: 2 workers"),
-    "precompile flag": (["precompile", "--backend", "native"], "invalid choice: 'native'"),
-    "precompile recipe": (["precompile", "--set", "runtime.backend=native"], "runtime.backend native is not supported"),
+    "precompile two workers": (
+        ["precompile", "--backend", "native", "--nproc-per-node", "2"],
+        "precompile --backend native: one worker only",
+    ),
+    "precompile target neuron": (
+        ["precompile", "--set", "runtime.backend=native", "--target", "neuron"],
+        "--target neuron is the Neuron runtime of the XLA path",
+    ),
 }
 
 
@@ -78,7 +84,7 @@ def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch)
     )
     assert backend.collectives == "gloo" and not backend.reloads_executables
     assert os.environ["USE_TORCH_XLA"] == "0"  # transformers must not import torch_xla for a native run
-    assert "native" in backend_choices() and "native" not in backend_choices(eager=False)
+    assert "native" in backend_choices(eager=False) and "eager" not in backend_choices(eager=False)
 
 
 def test_the_guard_attaches_only_the_new_reasons_to_an_unexpected_graph():
