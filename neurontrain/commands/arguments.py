@@ -26,9 +26,9 @@ Options = TypeVar("Options")
 
 
 def backend_choices(eager: bool = True) -> list[str]:
-    """--backend's choices: auto and the backends (without eager and native for the commands that compile graphs
-    ahead of a run: native's precompile is not built yet)."""
-    return ["auto", *(name for name in BACKENDS if eager or name not in ("eager", "native"))]
+    """--backend's choices: auto and the backends (without eager for the commands that compile graphs ahead of a
+    run: eager compiles nothing)."""
+    return ["auto", *(name for name in BACKENDS if eager or name != "eager")]
 
 
 def add_backend_argument(parser: argparse.ArgumentParser, *, default: str | None = None, eager: bool = True) -> None:

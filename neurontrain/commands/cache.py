@@ -6,15 +6,17 @@ import argparse
 import json
 import time
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backend import backend_for, resolve_backend_name
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile import cache as compile_cache
 from neurontrain.compile.importer import import_runtime_cache
+from neurontrain.compile.native_cache import native_status
 from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.store import parse_duration
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.recipe import load_recipe
+from neurontrain.loop.planning import make_plan
+from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)
 
@@ -76,6 +78,8 @@ def _status(args: argparse.Namespace, cache: compile_cache.Cache) -> int:
         cache = compile_cache.resolve_cache(recipe.runtime.compile_cache, None, args.workers)
     if args.local is None:
         attach_runtime(cache, recipe.runtime)
+    if resolve_backend_name(recipe.runtime.backend) == "native":
+        return _native_status(args, recipe, cache)
     result = compile_cache.cache_status(recipe, cache, resolve_backend_name(recipe.runtime.backend))
     if args.json:
         print(json.dumps(result, indent=2))
@@ -87,6 +91,21 @@ def _status(args: argparse.Namespace, cache: compile_cache.Cache) -> int:
             f"  {' '.join(map(str, g['key'])):<18} {g['graph_id'][:16]:<16}  hlo: {','.join(g['hlo']) or '-'}"
             f"  compiled modules: {modules or '-'}"
         )
+    return 0
+
+
+def _native_status(args: argparse.Namespace, recipe: Recipe, cache: compile_cache.Cache) -> int:
+    backend = backend_for(recipe.runtime)
+    result = native_status(make_plan(recipe, backend.name), cache, backend.native_device, backend.compiler)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    problem = result["local_problem"]
+    local = "no" if not result["local"] else (f"refused ({problem})" if problem else "yes")
+    remote = {None: "-", True: "yes", False: "no"}[result["remote"]]
+    print(f"{result['recipe']} plan {result['plan_id']} (native): {result.get('note', '')}")
+    print(f"  artifacts {result['entry']}  local: {local}  remote: {remote}")
+    print(f"  planned graphs: {', '.join(' '.join(map(str, k)) for k in result['planned_graphs'])}")
     return 0
 
 

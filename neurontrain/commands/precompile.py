@@ -9,15 +9,17 @@ from pathlib import Path
 
 from neurontrain.backend import backend_for, neuron_runtime_present
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
-from neurontrain.compile.cache import resolve_cache
+from neurontrain.compile.cache import Cache, resolve_cache
 from neurontrain.compile.discover import run_plan_id
+from neurontrain.compile.native_cache import native_entry_path
+from neurontrain.compile.native_precompile import check_native_precompile, precompile_native
 from neurontrain.compile.neuron_runtime import attach_runtime, check_precompile_location, describe_location
 from neurontrain.compile.precompile import precompile
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.logs import get_logger
 from neurontrain.loop.planning import make_plan
-from neurontrain.recipe import load_recipe
+from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, recipe_overrides(args))
     cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
     if recipe.runtime.backend == "native":
-        raise UsageError("precompile: runtime.backend native is not supported yet (run compiles its graphs)")
+        return _precompile_native(args, recipe, cache)
     backend = backend_for(recipe.runtime)
     target = args.target if args.target != "auto" else ("neuron" if neuron_runtime_present() else "none")
     if target == "neuron" and not neuron_runtime_present():
@@ -95,3 +97,23 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(Path(args.json_file), report.to_json())
     print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
     return 1 if report.failed else 0
+
+
+def _precompile_native(args: argparse.Namespace, recipe: Recipe, cache: Cache) -> int:
+    """Compile the plan's graphs with torch.compile and keep PyTorch's compile artifacts as one verified entry
+    (pulled first from an s3:// cache, pushed after)."""
+    if args.target == "neuron":
+        raise UsageError("--target neuron is the Neuron runtime of the XLA path; native compiles with torch.compile")
+    if args.nproc_per_node * args.nnodes > 1:
+        raise UsageError("precompile --backend native: one worker only (the native backend trains on one for now)")
+    backend = backend_for(recipe.runtime)
+    plan = make_plan(recipe, backend.name)
+    check_native_precompile(plan, backend)
+    cache.pull_paths({native_entry_path(plan, backend.native_device, backend.compiler)})
+    report = precompile_native(plan, backend, cache.local)
+    log.info(report.table())  # the report for people; stdout keeps the one JSON line
+    cache.push_after()
+    if args.json_file:
+        write_json_atomic(Path(args.json_file), report.to_json())
+    print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
+    return 0

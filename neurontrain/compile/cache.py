@@ -60,6 +60,17 @@ class Cache:
         )
         return report.to_json()
 
+    def pull_paths(self, paths: set[str]) -> dict | None:
+        """Fetch these entries (verified) from the s3:// store where they are missing locally."""
+        if self.remote is None or not _node_leader():
+            return None
+        report = self.remote.pull(self.local, only=paths)
+        log.info(
+            f"pulled {report.entries} entries ({report.bytes} bytes) from {self.remote.url}"
+            + "".join(f"; refused {p['entry']}/{p['file']}: {p['problem']}" for p in report.refused)
+        )
+        return report.to_json()
+
     def push_after(self) -> dict | None:
         if self.remote is None or not _node_leader():
             return None

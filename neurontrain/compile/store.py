@@ -1,7 +1,7 @@
 """Cache stores: the local cache directory and s3://bucket/prefix, holding content-addressed entries.
 
 An entry is a directory of files under the cache root (graphs/<id>/, neuronxcc-<v>/MODULE_<h>+<f>/,
-manifests/<name>.json as a one-file entry). Remotely an entry is published as
+native/<recipe>-<key>/, manifests/<name>.json as a one-file entry). Remotely an entry is published as
   <prefix>/entries/<entry path>/ENTRY.json   {"files": {name: {"sha256", "size"}}, ...}
   <prefix>/blobs/<sha256>                    the files' bytes, stored under their SHA-256
 Blobs go first, ENTRY.json last with a conditional put (If-None-Match: *), so an entry is visible only
@@ -80,6 +80,10 @@ def local_entries(root: Path) -> dict[str, LocalEntry]:
         if d.is_dir() and (d / "model.done").is_file() and (d / "model.neff").is_file():
             rel = f"{d.parent.name}/{d.name}"
             out[rel] = LocalEntry(rel, d, False)
+    for d in sorted((root / "native").glob("*")):  # the native backend's artifacts: compile/native_cache.py
+        complete = (d / "artifacts.bin").is_file() and (d / "entry.json").is_file()
+        if d.is_dir() and not d.name.startswith(".") and complete:
+            out[f"native/{d.name}"] = LocalEntry(f"native/{d.name}", d, False)
     for f in sorted((root / "xla").glob("*")):
         if f.is_file() and not f.name.startswith("."):
             out[f"xla/{f.name}"] = LocalEntry(f"xla/{f.name}", f, True)
@@ -91,7 +95,7 @@ def valid_entry_path(path: str) -> bool:
     return (
         len(parts) == 2
         and all(p and p not in (".", "..") and not p.startswith(".") for p in parts)
-        and parts[0] in ("graphs", "manifests", "xla")
+        and parts[0] in ("graphs", "manifests", "xla", "native")
         or bool(_MODULE_DIR.match(path))
     )
 

@@ -15,6 +15,7 @@ from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import load_manifest, manifest_path
+from neurontrain.compile.native_cache import NativeCacheUse
 from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.runtime_cache import CacheLocation, extraction_mode, gained_neff, scan_modules
 from neurontrain.health.preflight import preflight
@@ -42,7 +43,8 @@ def train_single(
     location = attach_runtime(cache, recipe.runtime)
     _say_extraction()
     plan = make_plan(recipe, backend.name)
-    pulled = cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
+    native = NativeCacheUse.start(cache, plan, backend.native_device, backend.compiler) if backend.is_native else None
+    pulled = native.pulled if native else cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     modules_before = _modules(location)
     if recipe.runtime.preflight and preflight_check:
         preflight(backend, recipe, DataParallel())
@@ -52,8 +54,10 @@ def train_single(
     summary = trainer.run()
     pushed = cache.push_after()
     changed = False
-    if pulled is not None or pushed is not None:
+    if pulled is not None or pushed is not None or native is not None:
         summary.compile_cache, changed = {"pulled": pulled, "pushed": pushed}, True
+    if native is not None:
+        summary.compile_cache["native"] = native.finish()
     if location is not None:
         summary.neuron_cache, changed = neuron_cache_counters(location, modules_before, summary.compilations), True
     if changed and not extraction_mode():

@@ -36,10 +36,14 @@ def test_native_plans_the_model_graphs_only(accum: int):
     assert ("optimizer",) not in native.expected_graphs()
 
 
-def test_native_refuses_more_than_one_worker():
+def test_native_data_parallel_plans_the_same_graphs_and_refuses_tp_and_zero1():
     recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", SMALL)
-    with pytest.raises(UsageError, match="backend native: 2 workers"):
-        make_plan(recipe, "native", world=2)
+    two = make_plan(recipe, "native", world=2)
+    assert not two.split_step and all(key[0] in ("train", "eval") for key in two.expected_graphs())
+    with pytest.raises(UsageError, match="backend native: parallel.tp > 1 is not built"):
+        make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=2"]), "native", world=2)
+    with pytest.raises(UsageError, match="backend native: train.zero1 is not built"):
+        make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "train.zero1=true"]), "native", world=2)
 
 
 class _Result:
@@ -48,9 +52,14 @@ class _Result:
 
 
 NOT_YET = {
-    "two workers": (["run", "--backend", "native", "--nproc-per-node", "2", "--dry-run"], "backend native: 2 workers"),
-    "precompile flag": (["precompile", "--backend", "native"], "invalid choice: 'native'"),
-    "precompile recipe": (["precompile", "--set", "runtime.backend=native"], "runtime.backend native is not supported"),
+    "precompile two workers": (
+        ["precompile", "--backend", "native", "--nproc-per-node", "2"],
+        "precompile --backend native: one worker only",
+    ),
+    "precompile target neuron": (
+        ["precompile", "--set", "runtime.backend=native", "--target", "neuron"],
+        "--target neuron is the Neuron runtime of the XLA path",
+    ),
 }
 
 
@@ -73,7 +82,7 @@ def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch)
     )
     assert backend.collectives == "gloo" and not backend.reloads_executables
     assert os.environ["USE_TORCH_XLA"] == "0"  # transformers must not import torch_xla for a native run
-    assert "native" in backend_choices() and "native" not in backend_choices(eager=False)
+    assert "native" in backend_choices(eager=False) and "eager" not in backend_choices(eager=False)
 
 
 def test_the_guard_attaches_only_the_new_reasons_to_an_unexpected_graph():

@@ -1,0 +1,210 @@
+"""The native backend's compile cache: PyTorch's portable compile artifacts for a plan's graphs, kept as one
+verified entry of the compile cache.
+
+`torch.compiler.save_cache_artifacts()` serializes what inductor and AOTAutograd wrote to (or read from) their
+caches in this process; `torch.compiler.load_cache_artifacts(bytes)` puts them back into a fresh process's
+caches, where the compiles of the same graphs then hit. The entry's name is ours: the plan's id (recipe
+fingerprint, planned graph keys, steps, workers), torch's version, the device and compiler, the machine and the
+Python version. Inductor's own cache keys are never computed here: a graph that differs simply misses.
+
+Entry layout (a directory entry of the store, compile/store.py):
+  native/<recipe>-<key>/artifacts.bin           the bytes of save_cache_artifacts()
+  native/<recipe>-<key>/entry.json              what the entry holds (plan id, graph keys, versions)
+  native/<recipe>-<key>/.neurontrain-entry.json sha256 and size of both files: checked before loading
+
+CPU (inductor) only. On a TorchNeuron host the neuron backend keeps its own NEFF cache, whose configuration
+Neuron documents in its torch.compile backend reference ("caching configuration"); keeping that cache is not
+built and unverified here (no trn2/trn3 host), so precompile refuses there and run loads nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neurontrain.compile.cache import Cache
+from neurontrain.compile.discover import run_plan_id
+from neurontrain.compile.store import ENTRY_RECORD, LocalEntry, sha256_file
+from neurontrain.logs import get_logger
+from neurontrain.loop.planning import RunPlan
+
+log = get_logger(__name__)
+
+NATIVE_DIR = "native"
+ARTIFACTS = "artifacts.bin"
+META = "entry.json"
+# TorchDynamo's graphs that AOTAutograd took from its cache / compiled (one per graph: forward and backward
+# together), and inductor's FX graphs (forward and backward apart) likewise; bypass: not cacheable
+COUNTERS = (
+    ("aot_autograd", "autograd_cache_hit"),
+    ("aot_autograd", "autograd_cache_miss"),
+    ("aot_autograd", "autograd_cache_bypass"),
+    ("inductor", "fxgraph_cache_hit"),
+    ("inductor", "fxgraph_cache_miss"),
+    ("inductor", "fxgraph_cache_bypass"),
+)
+
+
+def native_entry_key(plan_id: str, torch_version: str, device_type: str, compiler: str, machine: str) -> str:
+    """Our name for a plan's artifacts: everything that changes the compiled graphs, hashed (pure)."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    payload = json.dumps([plan_id, torch_version, device_type, compiler, machine, python])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def native_entry_path(plan: RunPlan, device_type: str, compiler: str) -> str:
+    """`native/<recipe>-<key>`: the entry of this plan's artifacts, relative to the cache root."""
+    import torch  # lazy: only the native backend's cache needs torch's version
+
+    key = native_entry_key(run_plan_id(plan, "native"), torch.__version__, device_type, compiler, platform.machine())
+    return f"{NATIVE_DIR}/{plan.recipe.name}-{key}"
+
+
+def cache_counts(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """The cache counters of AOTAutograd and inductor (pure, over torch._dynamo.utils.counters)."""
+    return {name: int(counters.get(group, {}).get(name, 0)) for group, name in COUNTERS}
+
+
+def counts_now() -> dict[str, int]:
+    from torch._dynamo.utils import counters  # lazy: TorchDynamo loads in seconds; native only
+
+    return cache_counts(counters)
+
+
+def counts_since(before: dict[str, int]) -> dict[str, int]:
+    now = counts_now()
+    return {k: now[k] - before.get(k, 0) for k in now}
+
+
+def write_entry(root: Path, path: str, artifacts: bytes, meta: dict) -> Path:
+    """Write the entry with its sha256 record, atomically (a directory renamed into place); replaces one there."""
+    final = root / path
+    staging = root / NATIVE_DIR / f".write-{uuid.uuid4().hex}"
+    staging.mkdir(parents=True)
+    (staging / ARTIFACTS).write_bytes(artifacts)
+    (staging / META).write_text(json.dumps(meta, indent=2))
+    record = LocalEntry(path, staging, False).record()
+    (staging / ENTRY_RECORD).write_text(json.dumps(record))
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    return final
+
+
+def entry_problem(location: Path) -> str | None:
+    """Why an entry directory must not be loaded (missing, no record, a file whose size or sha256 differs from
+    its record), or None when every file matches its record."""
+    record_file = location / ENTRY_RECORD
+    if not (location / ARTIFACTS).is_file():
+        return f"{ARTIFACTS} missing"
+    if not record_file.is_file():
+        return f"no sha256 record ({ENTRY_RECORD})"
+    try:
+        files = json.loads(record_file.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return f"unreadable sha256 record ({ENTRY_RECORD})"
+    if ARTIFACTS not in files:
+        return f"the sha256 record does not name {ARTIFACTS}"
+    for name, want in files.items():
+        p = location / name
+        if not p.is_file():
+            return f"{name} missing"
+        if p.stat().st_size != want.get("size"):
+            return f"{name} truncated or extended ({p.stat().st_size} of {want.get('size')} bytes)"
+        if sha256_file(p) != want.get("sha256"):
+            return f"{name} altered (sha256 mismatch)"
+    return None
+
+
+@dataclass
+class NativeLoad:
+    """What run did with the entry before its first compile."""
+
+    entry: str
+    loaded: bool = False
+    refused: str | None = None  # why the entry was not loaded, when it was there and failed its check
+    artifacts: int = 0  # artifacts PyTorch put back into its caches
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry": self.entry, "loaded": self.loaded, "refused": self.refused, "artifacts": self.artifacts}
+
+
+def load_entry(root: Path, path: str) -> NativeLoad:
+    """Verify the entry's files against their sha256 record, then hand the artifacts to PyTorch's caches. A
+    missing entry loads nothing; a damaged one is refused (and not loaded)."""
+    out = NativeLoad(path)
+    location = root / path
+    if not location.exists():
+        return out
+    out.refused = entry_problem(location)
+    if out.refused is not None:
+        return out
+    import torch.compiler  # lazy: see counts_now
+
+    info = torch.compiler.load_cache_artifacts((location / ARTIFACTS).read_bytes())
+    out.loaded = True
+    out.artifacts = sum(len(v) for v in info.artifacts.values()) if info is not None else 0
+    return out
+
+
+@dataclass
+class NativeCacheUse:
+    """A native run's use of the compile cache: the entry pulled and loaded before the first compile, and the
+    cache counters from then to the end of the run."""
+
+    load: NativeLoad
+    pulled: dict | None
+    before: dict[str, int]
+
+    @classmethod
+    def start(cls, cache: Cache, plan: RunPlan, device_type: str, compiler: str) -> NativeCacheUse:
+        path = native_entry_path(plan, device_type, compiler)
+        pulled = cache.pull_paths({path})
+        load = load_entry(cache.local, path)
+        if load.refused:
+            log.warning(f"compile cache: refused {path}: {load.refused}; not loaded, the run compiles its graphs")
+        elif load.loaded:
+            log.info(f"compile cache: loaded {load.artifacts} compile artifacts from {cache.local / path}")
+        return cls(load, pulled, counts_now())
+
+    def finish(self) -> dict:
+        """The summary's `compile_cache["native"]`: the entry, whether it loaded, and the counters of the run:
+        graphs_from_cache / graphs_compiled are AOTAutograd's cache hits / misses, one per TorchDynamo graph."""
+        counts = counts_since(self.before)
+        return {
+            **self.load.to_json(),
+            "graphs_from_cache": counts["autograd_cache_hit"],
+            "graphs_compiled": counts["autograd_cache_miss"] + counts["autograd_cache_bypass"],
+            "counters": counts,
+        }
+
+
+def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) -> dict:
+    """`cache status` on native: the plan's artifacts entry, locally (checked against its record) and remotely."""
+    path = native_entry_path(plan, device_type, compiler)
+    location = cache.local / path
+    remote = cache.remote.list_entries() if cache.remote is not None else {}
+    out = {
+        "recipe": plan.recipe.name,
+        "plan_id": run_plan_id(plan, "native"),
+        "backend": "native",
+        "entry": path,
+        "planned_graphs": [list(k) for k in plan.expected_graphs()],
+        "local": location.exists(),
+        "local_problem": entry_problem(location) if location.exists() else None,
+        "remote": path in remote if cache.remote is not None else None,
+    }
+    if out["local"] and (location / META).is_file():
+        out["entry_graphs"] = json.loads((location / META).read_text()).get("graphs", [])
+    if not out["local"] and not out["remote"]:
+        out["note"] = "no artifacts for this plan: run `neurontrain precompile --backend native` with the same recipe"
+    return out
