@@ -23,7 +23,8 @@ def _off_by_a_little(gm: torch.fx.GraphModule, example_inputs: list) -> object:
 @pytest.fixture
 def native(monkeypatch):
     monkeypatch.setenv("USE_TORCH_XLA", "0")  # select_backend sets it for transformers; keep it to this test
-    return select_backend("native")
+    yield select_backend("native")
+    torch._dynamo.reset()  # drop the compiled functions (and the fake tensors their traces keep)
 
 
 @pytest.mark.parametrize("compiler", ["eager", _off_by_a_little])

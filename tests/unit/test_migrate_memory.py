@@ -67,7 +67,10 @@ def anonymous_tensor_bytes() -> int:
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
             storage = obj.untyped_storage()
-            ptr = storage.data_ptr()
+            try:
+                ptr = storage.data_ptr()
+            except RuntimeError:  # a fake tensor that an earlier test's torch.compile left: it holds no memory
+                continue
             if ptr and not any(start <= ptr < end for start, end, _ in files):
                 seen[ptr] = storage.nbytes()
     return sum(seen.values())
