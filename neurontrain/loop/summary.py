@@ -51,9 +51,7 @@ class RunSummary:
     eval_loss: float | None = None  # loss of the last evaluation, when the recipe evaluates
     eval_accuracy: float | None = None  # accuracy of the last evaluation (sequence classification)
     device_bytes: list[dict] = field(default_factory=list)  # per worker: live device-tensor bytes by planner category
-    # what run pulled from and pushed to the compile cache, when it moved anything; on native also "native": the
-    # artifacts entry loaded before the first compile (or refused) and graphs_from_cache / graphs_compiled
-    compile_cache: dict | None = None
+    compile_cache: dict | None = None  # what run pulled/pushed; on native also `native` (artifacts loaded, cache hits)
     neuron_cache: dict | None = None  # on Neuron: runtime cache root, modules compiled at run time, cache hits
 
     def to_json(self) -> dict[str, Any]:
