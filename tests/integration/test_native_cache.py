@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import boto3
 import pytest
 from conftest import RECIPES, cli_in_process, read_json, run_cli
-from test_native import BLOCKER
+from torch_xla_blocker import without_torch_xla
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +35,8 @@ def _flip_bytes(path) -> None:
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory, s3_server) -> dict:
     root = tmp_path_factory.mktemp("native-cache")
-    (root / "blocker").mkdir()
-    (root / "blocker" / "sitecustomize.py").write_text(BLOCKER)
-    env = {**s3_server, "PYTHONPATH": str(root / "blocker"), "NO_TORCH_XLA_LOG": str(root / "blocked.log")}
+    blocker = without_torch_xla(root / "blocker")
+    env = {**s3_server, **blocker}
     credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
     s3 = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], **credentials)
     s3.create_bucket(Bucket="native-cache")
@@ -99,7 +98,7 @@ def test_a_damaged_artifact_is_refused_not_loaded_and_the_run_compiles(cached):
 
 
 def test_no_process_looked_for_torch_xla(cached):
-    log = (cached["root"] / "blocked.log").read_text()
+    log = (cached["root"] / "blocker" / "blocked.log").read_text()
     assert log.count("active in") >= 3 and "refused" not in log, log
 
 
