@@ -172,7 +172,7 @@ def bare_shim() -> dict:
         name = staticmethod(lambda: "shim")
 
     shim = Shim()
-    return {"accelerator": shim, "strategy": SingleDeviceStrategy(device=torch_xla.device(), accelerator=shim)}
+    return {"strategy": SingleDeviceStrategy(device=torch_xla.device(), accelerator=shim)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

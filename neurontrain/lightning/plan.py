@@ -3,7 +3,11 @@ toolkit's cost model (`data/buckets.py`); and the rows every batch is padded to 
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+import numpy as np
+import torch
 
 from neurontrain.errors import UsageError
 from neurontrain.lightning.internals import train_dataloader
@@ -26,6 +30,32 @@ def loader_lengths(loader: Any) -> tuple[list[int], int | None]:
     return lengths, rows
 
 
+def _generators(loader: Any) -> list[torch.Generator]:
+    found = []
+    for owner in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        for obj in (owner, getattr(owner, "sampler", None)):
+            gen = getattr(obj, "generator", None)
+            if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+                found.append(gen)
+    return found
+
+
+def lengths_keeping_order(loader: Any) -> tuple[list[int], int | None]:
+    """`loader_lengths` with every random state the pass draws from put back afterwards (the loader's own
+    generators, torch's, Python's and NumPy's global ones): the fit then sees the data order it would have
+    seen without the pass."""
+    generators = [(g, g.get_state()) for g in _generators(loader)]
+    torch_state, python_state, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        return loader_lengths(loader)
+    finally:
+        for gen, state in generators:
+            gen.set_state(state)
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
 def planned_batches(trainer: Any, per_epoch: int) -> int:
     """Micro-batches the fit will train: max_steps x accumulation, else max_epochs x the loader's length."""
     accumulate = trainer.accumulate_grad_batches
@@ -44,7 +74,7 @@ def choose_plan(
         if isinstance(options.buckets, str):
             raise UsageError(f"buckets: give 'auto' or a list of lengths, not {options.buckets!r}")
         return check_buckets(list(options.buckets)), "fixed", batch_size
-    lengths, rows = loader_lengths(loader)
+    lengths, rows = lengths_keeping_order(loader)
     n_params = sum(p.numel() for p in module.parameters())
     graphs = 1 + (1 if trainer.accumulate_grad_batches > 1 else 0) + (1 if trainer.limit_val_batches != 0 else 0)
     buckets = auto_buckets(
