@@ -153,6 +153,11 @@ class XlaCounters(pl.Callback):
         steps = trainer.global_step
         out = {"graphs": graphs, "host_reads": reads, "host_reads_per_step": round(reads / steps, 3), "steps": steps}
         self.path.write_text(json.dumps(out))
+        import torch_xla
+
+        # after counting: Lightning's teardown copies every parameter and optimizer state to the CPU one by one,
+        # and without a sync each copy would compile the whole pending update as a graph of its own
+        torch_xla.sync()
 
 
 def bare_shim() -> dict:
