@@ -7,7 +7,9 @@ imports this package.
 try:
     import lightning.pytorch  # noqa: F401
 except ImportError as exc:  # one line instead of a missing-module error from deep inside
-    raise ImportError('neurontrain.lightning needs the lightning package: pip install "neurontrain[lightning]"') from exc
+    raise ImportError(
+        'neurontrain.lightning needs the lightning package: pip install "neurontrain[lightning]"'
+    ) from exc
 
 from neurontrain.lightning.args import main, trainer_args  # noqa: E402
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator  # noqa: E402

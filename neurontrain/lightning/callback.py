@@ -55,7 +55,6 @@ class NeurontrainCallback(Callback):
             if session.stepped or session.deferred_values is None:
                 session.deferred_values = None  # read when the bar next asks; between steps it shows the last
 
-
     def on_validation_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:

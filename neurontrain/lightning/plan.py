@@ -64,9 +64,7 @@ def planned_batches(trainer: Any, per_epoch: int) -> int:
     return max(1, (trainer.max_epochs or 1) * per_epoch)
 
 
-def choose_plan(
-    trainer: Any, options: Options, module: Any, backend: str
-) -> tuple[list[int], str, int | None]:
+def choose_plan(trainer: Any, options: Options, module: Any, backend: str) -> tuple[list[int], str, int | None]:
     """(buckets, bucket mode, rows per batch); backend: the toolkit's backend name (its cost figures)."""
     loader = train_dataloader(trainer)
     batch_size = getattr(loader, "batch_size", None)
