@@ -140,7 +140,7 @@ class XlaCounters(pl.Callback):
 
     @staticmethod
     def _read() -> tuple[int, int]:
-        import torch_xla.debug.metrics as met
+        import torch_xla.debug.metrics as met  # lazy: only --plain
 
         compiles, reads = met.metric_data("CompileTime"), met.metric_data("TransferFromDeviceTime")
         return (int(compiles[0]) if compiles else 0), (int(reads[0]) if reads else 0)
@@ -153,7 +153,7 @@ class XlaCounters(pl.Callback):
         steps = trainer.global_step
         out = {"graphs": graphs, "host_reads": reads, "host_reads_per_step": round(reads / steps, 3), "steps": steps}
         self.path.write_text(json.dumps(out))
-        import torch_xla
+        import torch_xla  # lazy: only --plain
 
         # after counting: Lightning's teardown copies every parameter and optimizer state to the CPU one by one,
         # and without a sync each copy would compile the whole pending update as a graph of its own
@@ -164,7 +164,7 @@ def bare_shim() -> dict:
     """What a user writes to start plain Lightning on a non-TPU PJRT device: an accelerator that says it is there,
     and Lightning's single-device strategy on the XLA device."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")
-    import torch_xla
+    import torch_xla  # lazy: only the --plain comparison uses torch-xla directly
     from lightning.pytorch.accelerators import Accelerator
     from lightning.pytorch.strategies import SingleDeviceStrategy
 

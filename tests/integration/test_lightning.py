@@ -4,8 +4,7 @@ a per-step LR schedule): only the planned graphs, the same count on a short and 
 syncs, the losses of eager CPU Lightning; plain Lightning with a bare shim compiles more; the guard stops on an
 unplanned shape and names an `.item()` in `training_step`; a failed preflight exits 3.
 
-The runs are module-scoped and shared by the assertions; the two neurontrain runs of different lengths start
-together (two cores).
+The runs are module-scoped, shared by the assertions, and run two at a time (two cores).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lightning_tiny.py"
-SHORT, LONG = 11, 25  # validation every 10 steps (an epoch): the short run already has one after training began
+SHORT, LONG = 11, 21  # validation every 10 steps (an epoch): the short run already has one after training began
 
 
 def _start(out: Path, *args: str) -> subprocess.Popen:
@@ -48,27 +47,40 @@ def _finish(proc: subprocess.Popen, out: Path) -> dict:
     }
 
 
+RUNS = {  # name: arguments; longest first (they run two at a time: two cores)
+    "long": ["--max-steps", str(LONG)],
+    "short": ["--max-steps", str(SHORT)],
+    "plain": ["--max-steps", "3", "--plain"],
+    "item": ["--max-steps", "2", "--item", "--no-preflight"],
+    "eager": ["--max-steps", str(SHORT), "--eager"],
+    "fail": ["--max-steps", "3", "--buckets", "16,32", "--recompile-guard", "fail"],
+    "preflight": ["--max-steps", "2", "--expected-devices", "4"],
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
+    """Every run of this module, two processes at a time."""
     base = tmp_path_factory.mktemp("lightning")
-    started = {
-        "short": (_start(base / "short", "--max-steps", str(SHORT)), base / "short"),
-        "long": (_start(base / "long", "--max-steps", str(LONG)), base / "long"),
-    }
-    done = {name: _finish(proc, out) for name, (proc, out) in started.items()}
-    started = {
-        "eager": (_start(base / "eager", "--max-steps", str(SHORT), "--eager"), base / "eager"),
-        "plain": (_start(base / "plain", "--max-steps", "3", "--plain"), base / "plain"),
-    }
-    done.update({name: _finish(proc, out) for name, (proc, out) in started.items()})
-    for name, run in done.items():
-        assert run["rc"] == 0, f"{name}: {run['stderr'][-2000:]}"
+    pending, running, done = list(RUNS.items()), {}, {}
+    while pending or running:
+        while pending and len(running) < 2:
+            name, args = pending.pop(0)
+            running[name] = (_start(base / name, *args), base / name)
+        name = next(iter(running))
+        proc, out = running.pop(name)
+        done[name] = _finish(proc, out)
     return done
+
+
+def _ok(run: dict) -> dict:
+    assert run["rc"] == 0, run["stderr"][-2000:]
+    return run
 
 
 def test_only_the_planned_graphs_compile_and_the_count_is_flat(runs):
     for name in ("short", "long"):
-        summary = runs[name]["summary"]
+        summary = _ok(runs[name])["summary"]
         assert summary["unexpected_graphs"] == 0, summary["unexpected"]
         assert summary["hidden_host_syncs"] == []
         assert sorted(map(tuple, summary["compiled_keys"])) == sorted(map(tuple, summary["planned_keys"]))
@@ -83,12 +95,12 @@ def test_only_the_planned_graphs_compile_and_the_count_is_flat(runs):
 
 def test_plain_lightning_with_a_bare_shim_compiles_more(runs):
     """The control: the same module and loader under plain Lightning, fewer steps, compiles more graphs."""
-    plain = json.loads((runs["plain"]["out"] / "plain_summary.json").read_text())
+    plain = json.loads((_ok(runs["plain"])["out"] / "plain_summary.json").read_text())
     assert plain["graphs"] > runs["long"]["summary"]["compilations"], plain
 
 
 def test_losses_match_eager_cpu_lightning(runs):
-    ours, eager = runs["short"]["losses"], runs["eager"]["losses"]
+    ours, eager = _ok(runs["short"])["losses"], _ok(runs["eager"])["losses"]
     assert len(ours) == len(eager) == 2 * SHORT
     worst = max(abs(a - b) / abs(b) for a, b in zip(ours, eager))
     assert worst < 1e-5, worst
@@ -96,8 +108,8 @@ def test_losses_match_eager_cpu_lightning(runs):
     assert max(abs(a - b) / abs(b) for a, b in zip(ours[2:], eager[:-2])) > 1e-3
 
 
-def test_fail_stops_on_an_unplanned_shape_with_the_shapes_named(tmp_path):
-    run = _finish(_start(tmp_path, "--max-steps", "3", "--buckets", "16,32", "--recompile-guard", "fail"), tmp_path)
+def test_fail_stops_on_an_unplanned_shape_with_the_shapes_named(runs):
+    run = runs["fail"]
     assert run["rc"] == 1, run["stderr"][-2000:]
     line = [x for x in run["stderr"].splitlines() if x.startswith("neurontrain: error:")]
     assert line and "not in the plan" in line[0] and "'input_ids': [8, " in line[0], run["stderr"][-2000:]
@@ -105,16 +117,15 @@ def test_fail_stops_on_an_unplanned_shape_with_the_shapes_named(tmp_path):
     assert run["summary"]["unexpected_graphs"] == 1
 
 
-def test_an_item_in_training_step_is_named_as_a_hidden_host_sync(tmp_path):
-    run = _finish(_start(tmp_path, "--max-steps", "2", "--item", "--no-preflight"), tmp_path)
-    assert run["rc"] == 0, run["stderr"][-2000:]
+def test_an_item_in_training_step_is_named_as_a_hidden_host_sync(runs):
+    run = _ok(runs["item"])
     hidden = run["summary"]["hidden_host_syncs"]
     assert hidden and hidden[0]["kind"] == "train", hidden
     assert "a host sync inside the step (.item()" in run["stderr"]
 
 
-def test_a_failed_preflight_exits_3_before_step_1(tmp_path):
-    run = _finish(_start(tmp_path, "--max-steps", "2", "--expected-devices", "4"), tmp_path)
+def test_a_failed_preflight_exits_3_before_step_1(runs):
+    run = runs["preflight"]
     assert run["rc"] == 3, run["stderr"][-2000:]
     assert "preflight failed" in run["stderr"] and "expected 4 devices per worker, found 1" in run["stderr"]
     assert run["losses"] is None and run["summary"] is None  # nothing trained
