@@ -1,0 +1,87 @@
+"""The PJRT runtime as neurontrain.lightning sees it: the backend (Neuron where torch-neuronx and /dev/neuron* are
+there, else XLA:CPU), the device count, syncs, and counters read synchronously on the calling thread.
+
+Graph launches (`UncachedCompile` + `CachedCompile`) are counted when `torch_xla.sync()` or a host read cuts a
+graph, before it runs: a sync with nothing pending launches none. The guard compares them with the launches of
+the integration's own syncs, so a launch made elsewhere (an `.item()` on a pending value inside
+`training_step`) is a hidden host sync. Host reads are torch-xla's device->host transfers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from neurontrain.backend import Backend, select_backend
+
+
+def xla_backend() -> Backend:
+    """The toolkit's backend for this host: neuron when available, else xla-cpu (never eager or native).
+
+    XLA_NO_SPECIAL_SCALARS=1: the scalars 0 and 1 (a metric state's initial 0, a learning rate that reaches
+    0) are graph inputs like any other value, not constants baked into a graph of their own."""
+    os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
+    backend = select_backend("auto")
+    if not backend.is_xla:
+        backend = select_backend("xla-cpu")
+    return backend
+
+
+def configure() -> None:
+    """Before the first graph: no device-data cache for scalars copied to the device. The cache gives equal
+    scalars one shared buffer, and a graph that receives one buffer twice compiles differently from the same
+    graph with two (measured: Lightning's first logged eval batch, whose fresh metric states are such scalars,
+    compiled a graph of its own)."""
+    import torch_xla  # lazy: importing torch_xla starts a runtime
+
+    torch_xla._XLAC._set_xla_enable_device_data_cache(False)
+
+
+def device_count() -> int:
+    """Devices this process can address, from the PJRT runtime."""
+    import torch_xla.runtime as xr  # lazy: importing torch_xla starts a runtime
+
+    return int(xr.addressable_runtime_device_count())
+
+
+def _counter(name: str) -> int:
+    import torch_xla.debug.metrics as met  # lazy: importing torch_xla starts a runtime
+
+    return int(met.counter_value(name) or 0)
+
+
+def launches() -> int:
+    """Graphs cut and launched in this process so far (compiled or from the cache)."""
+    return _counter("UncachedCompile") + _counter("CachedCompile")
+
+
+def host_reads() -> int:
+    """Device->host transfers in this process so far."""
+    import torch_xla.debug.metrics as met  # lazy: importing torch_xla starts a runtime
+
+    data = met.metric_data("TransferFromDeviceTime")
+    return int(data[0]) if data else 0
+
+
+def sync() -> int:
+    """Cut and launch the pending graph; returns how many graphs that launched (0 when nothing was pending)."""
+    import torch_xla  # lazy: importing torch_xla starts a runtime
+
+    before = launches()
+    torch_xla.sync()
+    return launches() - before
+
+
+def as_data(tensor: Any) -> Any | None:
+    """For an XLA tensor whose pending graph is a bare reference to device data (a scalar copied to the device,
+    a clone of a buffer), a tensor holding that data itself; None for anything else. XLA buffers are immutable
+    (an in-place op gives the tensor a new one), so sharing one is safe. Nothing runs, nothing is read."""
+    import torch_xla  # lazy: importing torch_xla starts a runtime
+
+    if getattr(tensor, "device", None) is None or tensor.device.type != "xla":
+        return None
+    lines = [line for line in torch_xla._XLAC._get_xla_tensors_text([tensor]).splitlines() if " = " in line]
+    if len(lines) != 1 or "xla::device_data()" not in lines[0]:
+        return None
+    _, data = torch_xla._XLAC._get_tensors_xla_device_data_node([tensor])
+    return data[0] if len(data) == 1 else None

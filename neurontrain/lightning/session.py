@@ -1,0 +1,164 @@
+"""One Lightning fit under neurontrain: its plan (buckets and graph keys), the recompilation guard fed at every
+sync the integration places, the counters for `summary.json`, and the progress-bar values kept on the device.
+
+The strategy and the callback share one `Session`; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neurontrain.backend import Backend
+from neurontrain.lightning import runtime
+from neurontrain.lightning.padding import Padding, pad_batch, sequence_length
+from neurontrain.logs import get_logger
+from neurontrain.loop.guard import RecompilationGuard
+from neurontrain.loop.summary import RunSummary
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Options:
+    """What `trainer_args` was given."""
+
+    buckets: str | list[int] = "auto"
+    recompile_guard: str = "warn"
+    preflight: bool = True
+    output_dir: Path | None = None
+    pad_values: dict[str, int | float] = field(default_factory=dict)
+    pad_rows: bool = True
+    expected_devices: int | None = None
+    max_buckets: int = 6
+    pad_to_multiple_of: int = 8
+
+
+def planned_keys(buckets: list[int], accumulate: int, evaluates: bool) -> list[tuple]:
+    """Graph keys of a fit: set-up, a micro-batch per bucket (the first of a window, whose gradients start
+    from None, and with accumulation the others, which add to them), the optimizer step, eval per bucket."""
+    keys: list[tuple] = [("setup",), ("optimizer",)] + ([("eval-epoch",)] if evaluates else [])
+    for b in buckets:
+        keys.append(("train", b))
+        if accumulate > 1:
+            keys.append(("train-accum", b))
+        if evaluates:
+            keys.append(("eval", b))
+    return keys
+
+
+@dataclass
+class Session:
+    options: Options
+    backend: Backend
+    padding: Padding | None = None
+    bucket_mode: str = "fixed"
+    keys: list[tuple] = field(default_factory=list)
+    guard: RecompilationGuard | None = None
+    step: int = 0
+    shapes: dict = field(default_factory=dict)
+    length: int | None = None
+    real_tokens: int = 0
+    slot_tokens: int = 0
+    buckets_used: set = field(default_factory=set)
+    losses: list = field(default_factory=list)
+    deferred: list = field(default_factory=list)  # (name, device tensor, metric) of progress-bar values this step
+    deferred_values: dict | None = None  # their host values, once read this step
+    stepped: bool = False  # whether this batch ended with an optimizer step
+    accumulate: int = 1
+    batch_size: int = 0
+    started: float = 0.0
+    counters_at_start: dict = field(default_factory=dict)
+    train_steps_at_start: int = 0
+
+    # -- plan -------------------------------------------------------------------------------------------------
+    def start(self, buckets: list[int], mode: str, accumulate: int, evaluates: bool, rows: int | None) -> None:
+        """The plan is fixed: buckets, keys, and the guard from here on (after the device checks)."""
+        values = {**Padding([1]).pad_values, **self.options.pad_values}
+        self.padding = Padding(buckets, values, rows if self.options.pad_rows else None)
+        self.bucket_mode, self.accumulate, self.batch_size = mode, accumulate, rows or 0
+        self.keys = planned_keys(buckets, accumulate, evaluates)
+        backend = self.backend
+        self.guard = RecompilationGuard(
+            self.keys, self.options.recompile_guard, backend.compile_count, runtime.launches
+        )
+        self.started = time.perf_counter()
+        self.counters_at_start = {
+            "compiles": backend.compile_count(),
+            "compile_seconds": backend.compile_seconds(),
+            "host_reads": runtime.host_reads(),
+        }
+        log.info(f"lightning: buckets {buckets} ({mode}), {len(self.keys)} planned graphs")
+
+    # -- batches ----------------------------------------------------------------------------------------------
+    def pad(self, batch: Any, training: bool) -> Any:
+        """The host batch padded to its bucket; records its shapes for the guard and tokens for the summary."""
+        if self.padding is None or not isinstance(batch, dict) and not hasattr(batch, "keys"):
+            return batch
+        length = sequence_length(batch)
+        padded = pad_batch(batch, self.padding)
+        new_length = sequence_length(padded)
+        self.length = new_length
+        self.shapes = {k: list(v.shape) for k, v in padded.items() if isinstance(v, torch.Tensor)}
+        if training and length is not None:
+            self.buckets_used.add(new_length)
+            mask = batch.get("attention_mask")
+            rows = next(iter(self.shapes.values()))[0]
+            self.real_tokens += int(mask.sum()) if isinstance(mask, torch.Tensor) else length * rows
+            self.slot_tokens += rows * new_length
+        return padded
+
+    # -- syncs ------------------------------------------------------------------------------------------------
+    def sync(self, kind: str) -> None:
+        """Cut the pending graph of this kind of step and let the guard check what compiled."""
+        launched = runtime.sync()
+        if self.guard is None:
+            return
+        key = (kind,) if kind in ("setup", "optimizer", "eval-epoch", "bookkeeping") else (kind, self.length)
+        self.guard.after_sync(key, self.step, self.shapes if len(key) > 1 else {}, syncs=launched)
+
+    def record_loss(self, loss: Any) -> None:
+        if isinstance(loss, dict):
+            loss = loss.get("loss")
+        if isinstance(loss, torch.Tensor):
+            self.losses.append(loss.detach())
+
+    # -- summary ----------------------------------------------------------------------------------------------
+    def summary(self, steps: int, world: int = 1) -> RunSummary:
+        guard, backend, start = self.guard, self.backend, self.counters_at_start
+        wall = time.perf_counter() - self.started
+        losses = [float(v) for v in self.backend.to_host(self.losses[:1] + self.losses[-1:])] if self.losses else []
+        padding = self.padding
+        return RunSummary(
+            recipe="lightning",
+            backend=backend.name,
+            steps=steps,
+            first_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            compilations=backend.compile_count() - start["compiles"],
+            compile_seconds=backend.compile_seconds() - start["compile_seconds"],
+            distinct_graphs=guard.distinct_graphs,
+            expected_graphs=len(self.keys),
+            unexpected_graphs=len(guard.unexpected),
+            unexpected=guard.unexpected,
+            hidden_host_syncs=guard.hidden_syncs,
+            checked_against_manifest=False,
+            world_size=world,
+            per_worker_batch=self.batch_size,
+            grad_accum=self.accumulate,
+            effective_batch=self.batch_size * world * self.accumulate,
+            restarts=0,
+            buckets=list(padding.buckets) if padding else [],
+            bucket_mode=self.bucket_mode,
+            buckets_used=sorted(self.buckets_used),
+            tokens_per_second=self.real_tokens / wall if wall > 0 else 0.0,
+            padding_fraction=1.0 - self.real_tokens / max(self.slot_tokens, 1),
+            wall_seconds=wall,
+        )
+
+    def host_reads(self) -> int:
+        return runtime.host_reads() - self.counters_at_start.get("host_reads", 0)
