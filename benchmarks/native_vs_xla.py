@@ -101,15 +101,20 @@ def training_round(recipe: str, backend: str, steps: int, work: Path) -> dict:
     }
 
 
+def start_args(recipe: str, backend: str, steps: int, cache: Path) -> list[str]:
+    """A start-time run's arguments: a few steps, so no warm-up (the recipes' warm-up must be shorter than the run)."""
+    return [*recipe_args(recipe, backend, steps, cache), "--set", "train.schedule.warmup_steps=0"]
+
+
 def start_round(recipe: str, backend: str, steps: int, work: Path) -> dict:
     """Fresh-process start: cold, and on native also after precompile filled a compile cache."""
     figures = {}
     cold = work / "cold"
-    args = recipe_args(recipe, backend, steps, cold / "cache")
+    args = start_args(recipe, backend, steps, cold / "cache")
     figures["start_seconds"] = cli([*RUN, *args, "--output-dir", str(cold / "run")], environment(cold / "inductor"))
     if backend == "native":
         cached = work / "cached"
-        args = recipe_args(recipe, backend, steps, cached / "cache")
+        args = start_args(recipe, backend, steps, cached / "cache")
         cli(["precompile", *args, "--cache", str(cached / "cache")], environment(cached / "inductor-precompile"))
         env = environment(cached / "inductor-run")  # empty: only the compile cache can help
         figures["start_seconds_cached"] = cli([*RUN, *args, "--output-dir", str(cached / "run")], env)
