@@ -113,11 +113,11 @@ class Backend:
             return pl.MpDeviceLoader(batches, self.device)
         return _MovingLoader(batches, self.device)
 
-    def compile_model(self, model: Any, planned_graphs: int) -> None:
-        """On native, compile the model in place (`nn.Module.compile`, static shapes); elsewhere nothing: XLA
-        traces whatever runs, eager compiles nothing."""
+    def compile_model(self, model: Any, planned_graphs: int, units: list | None = None) -> None:
+        """On native, compile the model in place (`nn.Module.compile`, static shapes), or each of `units` (FSDP2's
+        layers); elsewhere nothing: XLA traces whatever runs, eager compiles nothing."""
         if self.is_native:
-            compile_in_place(model, self.compiler, planned_graphs)
+            compile_in_place(model, self.compiler, planned_graphs, units)
 
     def compile_notes(self) -> list[str]:
         """Native: TorchDynamo's recompile reasons and graph breaks since the last call; none elsewhere."""

@@ -76,11 +76,12 @@ def native_target(neuron_devices: list[str]) -> NativeTarget:
     return NEURON_TARGET
 
 
-def compile_in_place(model: Any, compiler: str, planned_graphs: int) -> None:
+def compile_in_place(model: Any, compiler: str, planned_graphs: int, units: list | None = None) -> None:
     """`nn.Module.compile` with static shapes: the module keeps its class and state_dict names (checkpoints,
-    the `model/` export and `checkpoint migrate` see the same names as on the other backends). Dynamo keeps
-    up to `recompile_limit` graphs per function and silently runs the rest eagerly: the limit is raised to the
-    plan's number of graphs so a planned graph is never dropped."""
+    the `model/` export and `checkpoint migrate` see the same names as on the other backends). units: compile
+    these submodules one by one instead of the whole model (FSDP2's units: `parallel/fsdp_units.py`). Dynamo
+    keeps up to `recompile_limit` graphs per function and silently runs the rest eagerly: the limit is raised to
+    the plan's number of graphs so a planned graph is never dropped (layers of one class share their function)."""
     import torch._dynamo  # lazy: TorchDynamo loads in seconds and only the native backend uses it
 
     if compiler == "inductor":
@@ -88,7 +89,8 @@ def compile_in_place(model: Any, compiler: str, planned_graphs: int) -> None:
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, planned_graphs + 1)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, planned_graphs + 1)
-    model.compile(backend=compiler, dynamic=False)
+    for module in units if units is not None else [model]:
+        module.compile(backend=compiler, dynamic=False)
 
 
 def require_cpp_compiler() -> None:

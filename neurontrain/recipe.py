@@ -165,6 +165,8 @@ class RuntimeSpec(_Strict):
 
 class ParallelSpec(_Strict):
     tp: Literal["auto"] | int = "auto"  # tensor-parallel degree (Neuron, through neuronx-distributed)
+    # native backend, several workers: FSDP2 (fully_shard) shards parameters, gradients and AdamW state by layer
+    fsdp: bool = False
 
     @model_validator(mode="after")
     def _positive(self) -> ParallelSpec:
@@ -204,6 +206,7 @@ class Recipe(_Strict):
                 "data": unset_later,
                 "checkpoint": True,
                 "train": {"max_steps", "log_every", "zero1", "activation_checkpointing"},
+                "parallel": {"fsdp"},  # how the same computation is laid out over workers, as zero1
                 "runtime": {
                     "compile_cache",
                     "preflight",

@@ -81,22 +81,29 @@ def save_checkpoint(
     all_ranks_save: bool = True,
     rank_file: tuple[int, dict] | dict[str, Any] | None = None,
     barrier: Callable[[], None] = lambda: None,
+    shard_writer: Callable[[Path], None] | None = None,
 ) -> Path | None:
     """Write `state` with save_fn (xm.save on XLA: CPU tensors, master only), then publish atomically.
     all_ranks_save: every rank calls save_fn (a collective, such as xm.save across xla workers). rank_file:
     what this rank writes of its own, (rank, CPU state) for its ZeRO-1 file, or {path in the checkpoint:
-    content} (JSON for *.json, else torch.save); every rank passes one, and `barrier` waits for all."""
+    content} (JSON for *.json, else torch.save); every rank passes one, and `barrier` waits for all. shard_writer:
+    what every rank writes into the checkpoint directory (FSDP2's DCP shards: a collective), between barriers."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     partial = root / f".{checkpoint_name(step)}.partial"
     if is_master:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
-    if rank_file is not None:
+    if rank_file is not None or shard_writer is not None:
         barrier()  # the directory exists
-        files = rank_file if isinstance(rank_file, dict) else {rank_file_name(rank_file[0]): rank_file[1]}
+        if rank_file is None or isinstance(rank_file, dict):
+            files = rank_file or {}
+        else:
+            files = {rank_file_name(rank_file[0]): rank_file[1]}
         for name, content in files.items():
             _write_rank_file(partial / name, content)
+        if shard_writer is not None:
+            shard_writer(partial)
         barrier()  # every rank's file is on disk before the marker
     if not is_master and not all_ranks_save:
         return None

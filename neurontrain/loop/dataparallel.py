@@ -53,6 +53,11 @@ class DataParallel:
     def is_master(self) -> bool:
         return self.rank == 0
 
+    @property
+    def host_group(self) -> Any:
+        """The gloo group for host tensors and objects (None: the default group, which is gloo)."""
+        return self._group
+
     def start(self, backend: Backend, timeout_s: float) -> None:
         """Join the process group: gloo for host tensors on every backend; Neuron and XLA:CUDA also the xla
         backend for the in-graph gradient all-reduce."""

@@ -31,9 +31,11 @@ class RecompilationGuard:
         report: Callable[[str], None] | None = None,
         known_graphs: set[str] | None = None,
         explain: Callable[[], list[str]] | None = None,
+        graphs_per_key: int = 1,
     ) -> None:
         """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them.
-        explain: why the graphs since its last call compiled (each call reports only what is new)."""
+        explain: why the graphs since its last call compiled (each call reports only what is new).
+        graphs_per_key: graphs one key compiles (native FSDP2: one per layer)."""
         self.expected = set(expected)
         self.known_graphs = known_graphs
         self.mode = mode
@@ -41,6 +43,7 @@ class RecompilationGuard:
         self._executes = execute_count
         self._report = report or log.warning
         self._explain = explain or list
+        self.graphs_per_key = graphs_per_key
         self._last_compiles = compile_count()
         self._executes_at_start = execute_count()
         self._syncs = 0
@@ -65,7 +68,8 @@ class RecompilationGuard:
             first_time = key not in self.compiled
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
             unlisted = self.known_graphs is not None and graph is not None and graph not in self.known_graphs
-            if self.mode != "off" and (not first_time or key not in self.expected or new_compiles > syncs or unlisted):
+            too_many = new_compiles > syncs * self.graphs_per_key
+            if self.mode != "off" and (not first_time or key not in self.expected or too_many or unlisted):
                 event = {
                     "step": step,
                     "kind": key[0],
@@ -79,7 +83,7 @@ class RecompilationGuard:
                         "recompiled a graph already compiled"
                         if not first_time
                         else "more graphs than syncs"
-                        if new_compiles > syncs
+                        if too_many
                         else "not in the precompile manifest"
                     ),
                     **({"why": why} if why else {}),

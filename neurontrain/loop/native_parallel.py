@@ -27,7 +27,26 @@ from neurontrain.loop.optim import Replicated
 from neurontrain.recipe import Recipe
 
 
-class NativeDDP(Replicated):
+class NativeDataParallel(Replicated):
+    """What native DDP and FSDP2 share: the loss scaled by the worker's share of the step's loss items (both
+    average the gradients over the workers), and the global loss summed over the process group."""
+
+    def loss_scale(self, items: int) -> float:
+        """This worker's share of the step's loss items, times the number of workers (DDP averages)."""
+        total = float(self.dp.all_reduce_host(torch.tensor([float(items)], dtype=torch.float64))[0])
+        return items * self.dp.world / total if total > 0 else 0.0
+
+    def step(self, micro_losses: list[torch.Tensor], items: int) -> tuple[torch.Tensor, float]:
+        """Clip, step, schedule (the gradients are reduced already); the global loss as a device scalar: the
+        item-weighted mean of the workers' losses, summed over the process group without a host read."""
+        mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=self.backend.device)
+        stats = torch.stack([mean * items, torch.tensor(float(items), device=mean.device)])
+        dist.all_reduce(stats)
+        loss = stats[0] / stats[1].clamp(min=1.0)
+        return loss, steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe)
+
+
+class NativeDDP(NativeDataParallel):
     """Replicated AdamW on every worker; gradients reduced by DDP during the backward."""
 
     def __init__(self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> None:
@@ -41,19 +60,5 @@ class NativeDDP(Replicated):
     def training_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.ddp
 
-    def loss_scale(self, items: int) -> float:
-        """This worker's share of the step's loss items, times the number of workers (DDP averages)."""
-        total = float(self.dp.all_reduce_host(torch.tensor([float(items)], dtype=torch.float64))[0])
-        return items * self.dp.world / total if total > 0 else 0.0
-
     def accumulating(self, more_to_come: bool) -> contextlib.AbstractContextManager:
         return self.ddp.no_sync() if more_to_come else contextlib.nullcontext()
-
-    def step(self, micro_losses: list[torch.Tensor], items: int) -> tuple[torch.Tensor, float]:
-        """Clip, step, schedule (the gradients are reduced already); the global loss as a device scalar: the
-        item-weighted mean of the workers' losses, summed over the process group without a host read."""
-        mean = torch.stack(micro_losses).mean() if micro_losses else torch.zeros((), device=self.backend.device)
-        stats = torch.stack([mean * items, torch.tensor(float(items), device=mean.device)])
-        dist.all_reduce(stats)
-        loss = stats[0] / stats[1].clamp(min=1.0)
-        return loss, steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe)

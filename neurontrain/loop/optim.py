@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from neurontrain.backend import Backend
+from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.checkpoints import load_rank_files
 from neurontrain.loop.dataparallel import DataParallel
@@ -17,6 +19,7 @@ from neurontrain.parallel.zero1_state import consolidate, state_bytes
 from neurontrain.recipe import Recipe
 
 ZERO1_WORLD = "zero1_world"  # a ZeRO-1 checkpoint's optimizer entry: {ZERO1_WORLD: ranks}, state in rank files
+FSDP_WORLD = "fsdp_world"  # an FSDP2 checkpoint's optimizer entry: {FSDP_WORLD: ranks}, weights and state in DCP
 
 
 def build_optimizer(recipe: Recipe, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -119,6 +122,18 @@ class Replicated:
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
+    def model_state(self, model: torch.nn.Module) -> dict | None:
+        """The weights a checkpoint's state.pt holds (None: they are in the checkpoint's shards)."""
+        return model.state_dict()
+
+    def export_state(self, model: torch.nn.Module) -> dict:
+        """The whole weights for the final `model/` export; every worker calls it (FSDP2 gathers them)."""
+        return model.state_dict()
+
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        """What every worker writes into a checkpoint being written (FSDP2: its DCP shards), or None."""
+        return None
+
     def rank_state(self) -> tuple[int, dict] | None:
         return None
 
@@ -133,6 +148,11 @@ class Replicated:
         """Resume from a checkpoint's optimizer entry: a plain AdamW state dict (numbered as
         `optimizer_parameters`), or a ZeRO-1 checkpoint's per-rank files consolidated. Without scheduler state
         (`run --init-from`) the schedule starts at its first step."""
+        if FSDP_WORLD in saved:
+            raise UsageError(
+                f"checkpoint {checkpoint} holds FSDP2 shards of {saved[FSDP_WORLD]} workers: resume it with "
+                "parallel.fsdp=true on several native workers, or convert it with `neurontrain checkpoint migrate`"
+            )
         world = saved.get(ZERO1_WORLD)
         plain = consolidate(load_rank_files(checkpoint, list(range(world))))[0] if world else saved
         self.optimizer.load_state_dict(plain)

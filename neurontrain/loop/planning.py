@@ -57,6 +57,7 @@ class RunPlan:
     world: int = 1  # data-parallel workers (all the workers divided by tp)
     tp: int = 1  # tensor-parallel degree (parallel.tp, or the memory planner's choice)
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
+    fsdp: bool = False  # native workers shard the model with FSDP2, one unit and one compiled graph per layer
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
     packing: Packing | None = None  # set: batches are packed rows (bucket mode "packed")
     packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
@@ -297,7 +298,14 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     if backend == "native" and tp > 1:
         raise UsageError("backend native: parallel.tp > 1 is not built on the native backend (data parallel is)")
     if backend == "native" and world > 1 and recipe.train.zero1 is True:
-        raise UsageError("backend native: train.zero1 is not built on the native backend (DDP replicates AdamW)")
+        raise UsageError(
+            "backend native: train.zero1 is not built on the native backend (parallel.fsdp shards AdamW's state)"
+        )
+    if recipe.parallel.fsdp and backend != "native":
+        raise UsageError(
+            f"parallel.fsdp: FSDP2 runs on the native backend (--backend native); on {backend}, train.zero1 "
+            "shards the optimizer state"
+        )
     data = data or prepare_data(recipe)
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)
@@ -335,6 +343,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         world=world // tp,
         tp=tp,
         host_reduce=world // tp > 1 and reduces_on_host(backend),
+        fsdp=recipe.parallel.fsdp and world > 1,  # one worker has nothing to shard
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,

@@ -26,6 +26,7 @@ from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
 from neurontrain.loop.zero1 import Strategy, build_strategy
+from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
 
 GraphIdentifier = Callable[[list[torch.Tensor]], str]
 
@@ -87,8 +88,10 @@ class Trainer:
                 self.train_step(step)
                 self.maybe_eval(step)
                 self.maybe_save(step)
-        if self.recipe.checkpoint.save_final and self.writes:
-            self._export()
+        if self.recipe.checkpoint.save_final and not self.extracting:
+            weights = self.strategy.export_state(self.model)  # every worker: FSDP2 gathers the shards
+            if self.writes:
+                self._export(weights)
         return self.summarize(wall_start)
 
     def _set_up(self) -> None:
@@ -103,7 +106,9 @@ class Trainer:
         if self.initialize is not None and self._restored is None:
             self.initialize(self.model)
         self.model.to(device)
-        backend.compile_model(self.model, len(self.plan.expected_graphs()))
+        units = transformer_layers(self.model) if self.plan.fsdp else None  # FSDP2 compiles layer by layer
+        self.planned_graphs = planned_graph_count(len(self.plan.expected_graphs()), len(units or []), self.plan.fsdp)
+        backend.compile_model(self.model, self.planned_graphs, units)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
         self._compiles_at_start = backend.compile_count()
         self._compile_seconds_at_start = backend.compile_seconds()
@@ -114,6 +119,7 @@ class Trainer:
             backend.execute_count,
             known_graphs=self.manifest_graphs,
             explain=backend.compile_notes,
+            graphs_per_key=len(units) if units else 1,
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
@@ -203,6 +209,7 @@ class Trainer:
             all_ranks_save=self.plan.saves_collectively,
             rank_file=self.strategy.rank_state(),
             barrier=self.dp.barrier,
+            shard_writer=self.strategy.shard_writer(),
         )
         self.dp.barrier()
 
@@ -224,7 +231,7 @@ class Trainer:
             compilations=self._compilations(),
             compile_seconds=backend.compile_seconds() - self._compile_seconds_at_start,
             distinct_graphs=guard.distinct_graphs,
-            expected_graphs=len(plan.expected_graphs()),
+            expected_graphs=self.planned_graphs,
             unexpected_graphs=len(guard.unexpected),
             unexpected=guard.unexpected,
             hidden_host_syncs=guard.hidden_syncs,
@@ -251,10 +258,12 @@ class Trainer:
 
     # -- checkpoint state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint's state.pt holds: weights, AdamW and schedule state, the data position. No RNG
-        state: each step's random stream is a function of the step (`loop/rng.py`)."""
+        """What a checkpoint's state.pt holds: weights (FSDP2: in the checkpoint's shards), AdamW and schedule
+        state, the data position. No RNG state: each step's random stream is a function of the step
+        (`loop/rng.py`)."""
+        weights = self.strategy.model_state(self.model)
         return {
-            "model": self.model.state_dict(),
+            **({"model": weights} if weights is not None else {}),
             "optimizer": self.strategy.state_dict(),
             "scheduler": self.strategy.scheduler.state_dict(),
             "data_position": self.position,
@@ -267,7 +276,8 @@ class Trainer:
         set-up to build them for the device model. An RNG state in the checkpoint (written by earlier versions)
         is not needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files.
         """
-        self.model.load_state_dict(state["model"])
+        if "model" in state:  # else FSDP2's shards: the strategy loads them once it has sharded the model
+            self.model.load_state_dict(state["model"])
         self.position = int(state["data_position"])
         self._restored = _Restored(state["optimizer"], state["scheduler"], checkpoint)
 
@@ -369,9 +379,9 @@ class Trainer:
             out["eval_accuracy"] = correct / counted if counted else float("nan")
         return out
 
-    def _export(self) -> None:
+    def _export(self, weights: dict) -> None:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
-        cpu_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        cpu_state = {k: v.detach().cpu() for k, v in weights.items()}
         self.model.save_pretrained(str(target), state_dict=cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))

@@ -31,6 +31,7 @@ from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.checkpoints import load_rank_files
 from neurontrain.loop.dataparallel import DataParallel, global_loss, loss_stats
+from neurontrain.loop.native_fsdp import NativeFSDP
 from neurontrain.loop.native_parallel import NativeDDP
 from neurontrain.loop.optim import (
     ZERO1_WORLD,
@@ -52,11 +53,12 @@ Strategy = Replicated  # the interface every optimizer strategy follows
 
 def build_strategy(plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> Strategy:
     """The optimizer of a run: ZeRO-1 when train.zero1 is true and there is more than one worker (with one,
-    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards."""
+    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards; on
+    native workers, DDP or FSDP2 (parallel.fsdp)."""
     if plan.tp > 1:
         return TensorParallelAdamW(plan, model, backend, dp)
     if backend.is_native and plan.world > 1:
-        return NativeDDP(plan.recipe, model, backend, dp)
+        return (NativeFSDP if plan.fsdp else NativeDDP)(plan.recipe, model, backend, dp)
     if plan.recipe.train.zero1 is True and plan.world > 1:
         if plan.host_reduce:
             return HostZero1(plan.recipe, model, backend, dp)

@@ -1,0 +1,89 @@
+"""Native FSDP2: two torchrun workers shard the tiny Llama with `fully_shard` (gloo here) and train the same global
+batch as one eager worker; a worker killed with SIGKILL restarts from the DCP checkpoint and ends with the
+uninterrupted run's weights; that checkpoint migrates to Hugging Face safetensors with the same weights and
+logits."""
+
+import shutil
+
+import pytest
+from conftest import RECIPES, read_json, read_metrics, run_cli, run_killing_a_worker
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 8, 4
+COMMON = [
+    str(RECIPES / "tiny-llama-clm.yaml"),
+    "--no-preflight",
+    *("--set", f"train.max_steps={STEPS}", "--set", "train.log_every=1"),
+    *("--set", "train.precision=fp32", "--set", "model.config.attention_dropout=0.0"),
+    *("--set", "train.eval_at_end=false", "--set", "train.schedule.warmup_steps=1"),
+]
+FSDP = ["--backend", "native", "--nproc-per-node", "2", "--set", "parallel.fsdp=true", "--set", "data.batch_size=8"]
+LAYERS = 2  # the tiny Llama's; each is an FSDP2 unit compiled on its own
+WEIGHTS = "model/model.safetensors"
+
+
+def _losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One eager worker of 16 rows a step, and two FSDP2 workers of 8 (checkpoints every EVERY steps)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    eager = ["--backend", "eager", "--set", "data.batch_size=16", "--set", "checkpoint.every=0"]
+    for name, extra in (("eager", eager), ("fsdp", [*FSDP, "--set", f"checkpoint.every={EVERY}"])):
+        result = run_cli("run", *COMMON, *extra, "--output-dir", str(root / name))
+        assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def test_two_fsdp_workers_match_one_worker_on_the_same_global_batch(runs):
+    one, two = _losses(runs / "eager"), _losses(runs / "fsdp")
+    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
+    worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
+    print(f"native FSDP2 2 workers vs 1 eager worker: largest relative loss difference {worst:.2e}")
+    assert worst <= 1e-3
+    assert two[STEPS] < two[1]
+    summary = read_json(runs / "fsdp" / "summary.json")
+    assert (summary["backend"], summary["world_size"], summary["effective_batch"]) == ("native", 2, 16)
+    # one graph per layer for the one planned train shape, nothing else
+    assert summary["expected_graphs"] == summary["compilations"] == summary["distinct_graphs"] == LAYERS
+    assert summary["unexpected_graphs"] == 0
+    # each worker holds about half of every parameter, gradient and AdamW moment (dim-0 shards)
+    whole = read_json(runs / "eager" / "summary.json")["device_bytes"][0]
+    for worker in summary["device_bytes"]:
+        for kind in ("parameters", "gradients", "optimizer"):
+            assert 0.45 * whole[kind] <= worker[kind] <= 0.55 * whole[kind], (kind, worker, whole)
+
+
+def test_sigkill_then_restart_ends_with_the_uninterrupted_weights(runs, tmp_path):
+    out = tmp_path / "killed"
+    args = ["run", *COMMON, *FSDP, "--set", f"checkpoint.every={EVERY}", "--max-restarts", "1", "-o", str(out)]
+    code, stderr = run_killing_a_worker(args, out, EVERY)
+    assert code == 0, stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (EVERY, STEPS)
+    assert summary["unexpected_graphs"] == 0
+    assert (out / WEIGHTS).read_bytes() == (runs / "fsdp" / WEIGHTS).read_bytes()
+
+    shards = out / "checkpoints" / f"step_{STEPS:08d}" / "dcp"
+    hf = tmp_path / "hf"
+    migrated = run_cli("checkpoint", "migrate", str(shards), str(hf), "--to", "gpu")
+    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    verified = run_cli("checkpoint", "verify", str(hf), str(runs / "fsdp" / "model"), "--logits", str(hf))
+    assert verified.returncode == 0, verified.stdout + verified.stderr[-2000:]
+    assert "max abs diff 0," in verified.stdout and "logits max abs diff 0: EQUAL" in verified.stdout
+
+
+def test_an_fsdp_checkpoint_refuses_a_resume_without_fsdp(runs, tmp_path):
+    """One native worker of the same global batch (no FSDP2) finds DCP shards where it expects a plain state: one line,
+    exit 2, nothing of the checkpoint touched."""
+    out = tmp_path / "one"
+    step = out / "checkpoints" / f"step_{EVERY:08d}"
+    shutil.copytree(runs / "fsdp" / "checkpoints" / f"step_{EVERY:08d}", step)
+    before = sorted(p.name for p in step.rglob("*"))
+    result = run_cli("run", *COMMON, "--backend", "native", "--set", "data.batch_size=16", "--output-dir", str(out))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "holds FSDP2 shards of 2 workers" in result.stderr
+    assert sorted(p.name for p in step.rglob("*")) == before
