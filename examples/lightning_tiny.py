@@ -111,11 +111,11 @@ def pad_collate(samples: list[torch.Tensor]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def loaders(max_len: int) -> tuple[DataLoader, DataLoader]:
+def loaders(max_len: int, batch_size: int = 8) -> tuple[DataLoader, DataLoader]:
     gen = torch.Generator().manual_seed(0)
-    train = DataLoader(Sequences(160, 1, max_len=max_len), batch_size=8, shuffle=True, collate_fn=pad_collate,
-                       generator=gen, drop_last=True)  # fmt: skip
-    val = DataLoader(Sequences(48, 2, max_len=max_len), batch_size=8, collate_fn=pad_collate)
+    train = DataLoader(Sequences(160, 1, max_len=max_len), batch_size=batch_size, shuffle=True,
+                       collate_fn=pad_collate, generator=gen, drop_last=True)  # fmt: skip
+    val = DataLoader(Sequences(48, 2, max_len=max_len), batch_size=batch_size, collate_fn=pad_collate)
     return train, val
 
 
@@ -193,6 +193,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expected-devices", type=int, default=None, help="devices preflight expects")
     p.add_argument("--item", action="store_true", help="read the loss with .item() inside training_step")
     p.add_argument("--max-len", type=int, default=60, help="longest training/validation sequence")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per batch (per worker under torchrun)")
+    p.add_argument("--accumulate", type=int, default=2, help="accumulate_grad_batches")
+    p.add_argument("--resume", action="store_true", help="keep last.ckpt and resume from it when it exists")
     return p.parse_args(argv)
 
 
@@ -216,18 +219,22 @@ def main(argv: list[str] | None = None) -> None:
             output_dir=out, expected_devices=args.expected_devices,
         )  # fmt: skip
     model = TinyEncoder(args.max_steps, item=args.item)
-    train, val = loaders(args.max_len)
+    train, val = loaders(args.max_len, args.batch_size)
     trainer = pl.Trainer(
         **trainer_kwargs,
         max_steps=args.max_steps,
-        accumulate_grad_batches=2,
+        accumulate_grad_batches=args.accumulate,
         gradient_clip_val=1.0,
-        callbacks=[ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=1), *extra],
+        callbacks=[
+            ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=1, save_last=args.resume),
+            *extra,
+        ],
         logger=False,
         default_root_dir=str(out),
         enable_model_summary=False,
     )
-    trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
+    resume = "last" if args.resume and (out / "checkpoints" / "last.ckpt").exists() else None
+    trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=resume)
 
 
 if __name__ == "__main__":

@@ -72,9 +72,11 @@ def torchrun_worker_pid(output_dir: Path, rank: int) -> int | None:
     return None
 
 
-def run_killing_a_worker(args: list[str], output_dir: Path, checkpoint_step: int, rank: int = 1) -> tuple[int, str]:
+def run_killing_a_worker(
+    args: list[str], output_dir: Path, checkpoint_step: int, rank: int = 1, marker: Path | None = None
+) -> tuple[int, str]:
     """`neurontrain ARGS` (a torchrun group writing to output_dir); once its checkpoint of checkpoint_step is
-    complete, SIGKILL worker `rank`. Returns (exit code, stderr)."""
+    complete (or the file `marker` exists), SIGKILL worker `rank`. Returns (exit code, stderr)."""
     import signal
     import time
 
@@ -86,7 +88,7 @@ def run_killing_a_worker(args: list[str], output_dir: Path, checkpoint_step: int
         stderr=subprocess.PIPE,
         text=True,
     )
-    marker = output_dir / "checkpoints" / f"step_{checkpoint_step:08d}" / "COMPLETE"
+    marker = marker or output_dir / "checkpoints" / f"step_{checkpoint_step:08d}" / "COMPLETE"
     try:
         deadline = time.time() + 300
         while not marker.exists():

@@ -38,9 +38,9 @@ def add_backend_argument(parser: argparse.ArgumentParser, *, default: str | None
     parser.add_argument("--backend", default=default, choices=backend_choices(eager), help=help_text)
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, *, eager: bool = True) -> None:
+def add_recipe_arguments(parser: argparse.ArgumentParser, *, eager: bool = True, required: bool = True) -> None:
     """The recipe, its --set overrides and --backend (see `recipe_overrides`)."""
-    parser.add_argument("recipe", help="YAML recipe")
+    parser.add_argument("recipe", nargs=None if required else "?", help="YAML recipe")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -57,7 +57,9 @@ def recipe_overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, *([f"runtime.backend={args.backend}"] if args.backend else [])]
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser, *, output_dir: bool = True) -> None:
+def add_worker_arguments(
+    parser: argparse.ArgumentParser, *, output_dir: bool = True, recipe_required: bool = True
+) -> None:
     """`run`'s arguments that every worker gets (output_dir=False: where the launcher fixes the directory)."""
     if output_dir:
         parser.add_argument(
@@ -65,7 +67,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, output_dir: bool = 
             "-o",
             help="where metrics, summary, checkpoints and the model go (default runs/<recipe name>)",
         )
-    add_recipe_arguments(parser)
+    add_recipe_arguments(parser, required=recipe_required)
     parser.add_argument("--no-preflight", action="store_true", help="skip the health check before training")
     parser.add_argument(
         "--init-from",
@@ -127,8 +129,14 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    add_worker_arguments(parser)
+    add_worker_arguments(parser, recipe_required=False)
     add_launcher_arguments(parser)
+    parser.add_argument(
+        "--lightning",
+        metavar='"SCRIPT [ARGS]"',
+        help="instead of a recipe: start a Lightning script (and its arguments, one quoted string) as the "
+        "workers, through torchrun; the script's Trainer takes neurontrain.lightning.trainer_args()",
+    )
 
 
 def _dests(add: Callable[[argparse.ArgumentParser], None]) -> frozenset[str]:

@@ -20,16 +20,18 @@ class WorkersFailed(NeurontrainError):
         self.exit_code = exit_code
 
 
-def launch(topology: Topology, worker_argv: list[str]) -> None:
-    """Run `python -m neurontrain <worker_argv>` as topology.nproc_per_node workers of the job; returns when
-    every worker of the group has exited 0, restarting the group up to topology.max_restarts times."""
+def launch(topology: Topology, worker_argv: list[str], *, script: bool = False) -> None:
+    """Run `python -m neurontrain <worker_argv>` (script: `python <worker_argv>`, a user's script and its
+    arguments) as topology.nproc_per_node workers of the job; returns when every worker of the group has exited
+    0, restarting the group up to topology.max_restarts times."""
     # lazy: torchrun's elastic agent loads only in the process that launches workers, not in every worker
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    args = torchrun.parse_args(torchrun_args(topology) + ["--module", "neurontrain", *worker_argv])
+    entry = worker_argv if script else ["--module", "neurontrain", *worker_argv]
+    args = torchrun.parse_args(torchrun_args(topology) + entry)
     if args.standalone:  # as torchrun's own run() does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:

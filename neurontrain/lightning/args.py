@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.errors import NeurontrainError, UsageError, first_line
+from neurontrain.lightning.parallel import NeurontrainDataParallelStrategy, under_torchrun
 from neurontrain.lightning.runtime import xla_backend
 from neurontrain.lightning.session import Options, Session
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator
+from neurontrain.loop.dataparallel import DataParallel
 
 GUARD_MODES = ("warn", "fail", "off")
 
@@ -37,6 +39,7 @@ def trainer_args(
     expected_devices: int | None = None,
     max_buckets: int = 6,
     pad_to_multiple_of: int = 8,
+    collective_timeout: float = 600.0,
 ) -> dict[str, Any]:
     """Keyword arguments for `lightning.pytorch.Trainer`: neurontrain's single-device strategy on the PJRT
     accelerator (the strategy installs its callbacks itself: the user's `callbacks=[...]` are unchanged).
@@ -46,7 +49,10 @@ def trainer_args(
     device checks before step 1 (HealthCheckFailed, exit 3). output_dir: where summary.json (and
     preflight.jsonl) go. pad_values: pad value per batch key (input_ids 0, attention_mask 0, labels -100 unless
     given). pad_rows: pad a partial batch with neutral rows to the loader's batch size. expected_devices: the
-    device count preflight expects.
+    device count preflight expects. collective_timeout: seconds a worker waits in a collective (under torchrun).
+
+    Under torchrun (`neurontrain run --lightning SCRIPT`) the strategy is data parallel: the workers split each
+    loader (Lightning's DistributedSampler) and average their gradients (`lightning/parallel.py`).
     """
     check_not_mixed()
     if recompile_guard not in GUARD_MODES:
@@ -66,6 +72,9 @@ def trainer_args(
     )
     accelerator = PJRTAccelerator()
     session = Session(options, xla_backend())
+    if under_torchrun():  # `neurontrain run --lightning`, or torchrun directly: one worker of a group
+        dp = DataParallel.from_env()
+        return {"strategy": NeurontrainDataParallelStrategy(session, accelerator, dp, collective_timeout)}
     return {"strategy": NeurontrainStrategy(session, accelerator)}
 
 

@@ -29,6 +29,7 @@ class NeurontrainCallback(Callback):
         self._steps_at_start = 0
         self._reads_in_training: int | None = None
         self.defer = True  # progress-bar values read by NeurontrainProgressBar (or no bar at all)
+        self.dp = DataParallel()  # the workers preflight checks the collectives of (data parallel: set by it)
 
     def preflight(self) -> None:
         """The toolkit's device checks (`neurontrain health`'s) on this worker; HealthCheckFailed (exit 3)."""
@@ -36,7 +37,7 @@ class NeurontrainCallback(Callback):
         if not options.preflight:
             return
         recipe = SimpleNamespace(runtime=SimpleNamespace(expected_devices=options.expected_devices))
-        preflight(self.session.backend, recipe, DataParallel(), options.output_dir)
+        preflight(self.session.backend, recipe, self.dp, options.output_dir)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._steps_at_start = trainer.global_step
@@ -80,7 +81,8 @@ class NeurontrainCallback(Callback):
             return
         self._summary_written = True
         steps = trainer.global_step - self._steps_at_start
-        summary = session.summary(steps)
+        resumed_from = self._steps_at_start or None  # a fit restored from a checkpoint starts past step 0
+        summary = session.summary(steps, trainer.world_size, self.dp.restart, resumed_from)
         reads = self._reads_in_training if self._reads_in_training is not None else session.host_reads()
         data = {
             **summary.to_json(),
@@ -88,6 +90,7 @@ class NeurontrainCallback(Callback):
             "compiled_keys": [list(k) for k in session.guard.compiled],
             "host_reads": reads,
             "host_reads_per_step": round(reads / steps, 3) if steps else None,
+            **({"step_losses": session.step_losses} if session.step_losses else {}),
         }
         log.info(
             f"lightning: {summary.distinct_graphs} graphs ({summary.expected_graphs} planned, "

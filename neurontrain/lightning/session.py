@@ -66,6 +66,7 @@ class Session:
     slot_tokens: int = 0
     buckets_used: set = field(default_factory=set)
     losses: list = field(default_factory=list)
+    step_losses: list = field(default_factory=list)  # data parallel: each step's loss over all workers (host)
     deferred: list = field(default_factory=list)  # (name, device tensor, metric) of progress-bar values this step
     deferred_values: dict | None = None  # their host values, once read this step
     stepped: bool = False  # whether this batch ended with an optimizer step
@@ -128,15 +129,21 @@ class Session:
             self.losses.append(loss.detach())
 
     # -- summary ----------------------------------------------------------------------------------------------
-    def summary(self, steps: int, world: int = 1) -> RunSummary:
+    def summary(self, steps: int, world: int = 1, restarts: int = 0, resumed_from: int | None = None) -> RunSummary:
         guard, backend, start = self.guard, self.backend, self.counters_at_start
         wall = time.perf_counter() - self.started
-        losses = [float(v) for v in self.backend.to_host(self.losses[:1] + self.losses[-1:])] if self.losses else []
+        if self.step_losses:
+            losses = [self.step_losses[0], self.step_losses[-1]]
+        elif self.losses:
+            losses = [float(v) for v in self.backend.to_host(self.losses[:1] + self.losses[-1:])]
+        else:
+            losses = []
         padding = self.padding
         return RunSummary(
             recipe="lightning",
             backend=backend.name,
             steps=steps,
+            resumed_from_step=resumed_from,
             first_loss=losses[0] if losses else None,
             final_loss=losses[-1] if losses else None,
             compilations=backend.compile_count() - start["compiles"],
@@ -151,7 +158,7 @@ class Session:
             per_worker_batch=self.batch_size,
             grad_accum=self.accumulate,
             effective_batch=self.batch_size * world * self.accumulate,
-            restarts=0,
+            restarts=restarts,
             buckets=list(padding.buckets) if padding else [],
             bucket_mode=self.bucket_mode,
             buckets_used=sorted(self.buckets_used),

@@ -105,8 +105,8 @@ class NeurontrainStrategy(SingleDeviceStrategy):
     def setup(self, trainer: Any) -> None:
         """Module and optimizers on the device, the plan chosen, AdamW's state created and synced (set-up)."""
         super().setup(trainer)
-        buckets, mode, rows = choose_plan(
-            trainer, self.session.options, self.lightning_module, self.session.backend.name
+        buckets, mode, rows = self.agreed_plan(
+            choose_plan(trainer, self.session.options, self.lightning_module, self.session.backend.name)
         )
         evaluates = trainer.limit_val_batches != 0 and is_overridden("validation_step", self.lightning_module)
         self.session.start(buckets, mode, trainer.accumulate_grad_batches, evaluates, rows)
@@ -114,6 +114,10 @@ class NeurontrainStrategy(SingleDeviceStrategy):
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
                 materialize_optimizer_state(optimizer, grads=False)
         self.session.sync("setup")
+
+    def agreed_plan(self, plan: tuple) -> tuple:
+        """The plan every worker follows (one worker: its own)."""
+        return plan
 
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
         """One device: the identity, except that an integer scalar (Lightning's check of a loader's length, which

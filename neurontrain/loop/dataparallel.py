@@ -132,12 +132,14 @@ class DataParallel:
         total = self.reduce_in_graph(params, weight)
         return xm.all_reduce(xm.REDUCE_SUM, mean * weight, groups=self.replica_groups) / total.clamp(min=1.0)
 
-    def reduce_on_host(self, params: list[torch.Tensor], backend: Backend, stats: torch.Tensor) -> torch.Tensor:
+    def reduce_on_host(
+        self, params: list[torch.Tensor], backend: Backend, stats: torch.Tensor, host: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """After the micro-step sync: weighted all-reduce of the gradients through host copies, written back
         as device data (the optimizer graph's inputs). stats = [loss x items, items, ...] (float64) is summed
-        in the same round; returns it."""
+        in the same round; returns it. host: the gradients' host copies when the caller has read them already."""
         grads = [p.grad for p in params]
-        host = backend.to_host(grads)
+        host = host if host is not None else backend.to_host(grads)
         items = float(stats[1])
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in host])
         if items > 0:

@@ -192,7 +192,7 @@ def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
         "--output-dir",
         str(tmp_path / "g"),
         "--set",
-        "train.max_steps=12",
+        "train.max_steps=6",
         "--set",
         "data.buckets=dynamic",
         "--set",
