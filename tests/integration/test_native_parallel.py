@@ -44,27 +44,26 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_two_ddp_workers_match_one_worker_on_the_same_global_batch(runs):
-    one, two = _losses(runs / "eager"), _losses(runs / "ddp")
+def _matches_eager(runs, name: str) -> dict:
+    """Run `name`'s losses against the eager worker's at every step (within 1e-3, falling); its summary."""
+    one, two = _losses(runs / "eager"), _losses(runs / name)
     assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
     worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
-    print(f"native DDP 2 workers vs 1 eager worker: largest relative loss difference {worst:.2e}")
+    print(f"native {name} 2 workers vs 1 eager worker: largest relative loss difference {worst:.2e}")
     assert worst <= 1e-3
-    assert one[STEPS] < one[1]
-    summary = read_json(runs / "ddp" / "summary.json")
+    assert two[STEPS] < two[1]
+    summary = read_json(runs / name / "summary.json")
     assert (summary["backend"], summary["world_size"], summary["effective_batch"]) == ("native", 2, 16)
+    return summary
+
+
+def test_two_ddp_workers_match_one_worker_on_the_same_global_batch(runs):
+    summary = _matches_eager(runs, "ddp")
     assert summary["unexpected_graphs"] == 0 and summary["compilations"] == summary["expected_graphs"] == 1
 
 
 def test_two_fsdp_workers_match_one_worker_on_the_same_global_batch(runs):
-    one, two = _losses(runs / "eager"), _losses(runs / "fsdp")
-    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
-    worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
-    print(f"native FSDP2 2 workers vs 1 eager worker: largest relative loss difference {worst:.2e}")
-    assert worst <= 1e-3
-    assert two[STEPS] < two[1]
-    summary = read_json(runs / "fsdp" / "summary.json")
-    assert (summary["backend"], summary["world_size"], summary["effective_batch"]) == ("native", 2, 16)
+    summary = _matches_eager(runs, "fsdp")
     # one graph per layer for the one planned train shape, nothing else
     assert summary["expected_graphs"] == summary["compilations"] == summary["distinct_graphs"] == LAYERS
     assert summary["unexpected_graphs"] == 0
