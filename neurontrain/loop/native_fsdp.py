@@ -102,7 +102,12 @@ class NativeFSDP(NativeDataParallel):
         import torch.distributed.checkpoint as dcp  # lazy: see export_state
         from torch.distributed.checkpoint.state_dict import set_state_dict  # lazy: as above
 
-        if FSDP_WORLD not in saved or checkpoint is None:
+        if checkpoint is None:  # `run --init-from`: a whole AdamW state, numbered as the unsharded model's
+            raise UsageError(
+                "--init-from with parallel.fsdp: AdamW's starting state is not loaded into FSDP2's shards; add "
+                "--init-from-weights-only (the weights load before sharding)"
+            )
+        if FSDP_WORLD not in saved:
             raise UsageError(
                 f"checkpoint {checkpoint} holds no FSDP2 shards (written without parallel.fsdp): resume it with "
                 "parallel.fsdp=false, or start this run in another --output-dir"
