@@ -83,6 +83,30 @@ def add_worker_arguments(
     )
 
 
+def recipe_options_given(args: argparse.Namespace, *, output_dir: bool = True) -> list[str]:
+    """The recipe-only options given (a Lightning script takes its own arguments instead). output_dir: whether
+    --output-dir counts as one (`submit slurm` keeps it: the job's script and logs go there)."""
+    given = {
+        "RECIPE": args.recipe is not None,
+        "--set": bool(args.overrides),
+        "--backend": args.backend is not None,
+        "--output-dir": output_dir and args.output_dir is not None,
+        "--init-from": args.init_from is not None,
+        "--dry-run": getattr(args, "dry_run", False),
+        "--no-preflight": args.no_preflight,
+    }
+    return [name for name, present in given.items() if present]
+
+
+def add_lightning_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lightning",
+        metavar='"SCRIPT [ARGS]"',
+        help="instead of a recipe: start a Lightning script (and its arguments, one quoted string) as the "
+        "workers, through torchrun; the script's Trainer takes neurontrain.lightning.trainer_args()",
+    )
+
+
 def add_topology_arguments(
     parser: argparse.ArgumentParser,
     *,
@@ -131,12 +155,7 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_worker_arguments(parser, recipe_required=False)
     add_launcher_arguments(parser)
-    parser.add_argument(
-        "--lightning",
-        metavar='"SCRIPT [ARGS]"',
-        help="instead of a recipe: start a Lightning script (and its arguments, one quoted string) as the "
-        "workers, through torchrun; the script's Trainer takes neurontrain.lightning.trainer_args()",
-    )
+    add_lightning_argument(parser)
 
 
 def _dests(add: Callable[[argparse.ArgumentParser], None]) -> frozenset[str]:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from neurontrain.backend import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
-from neurontrain.commands.arguments import add_run_arguments, options_from, recipe_overrides, worker_argv
+from neurontrain.commands.arguments import (
+    add_run_arguments,
+    options_from,
+    recipe_options_given,
+    recipe_overrides,
+    worker_argv,
+)
 from neurontrain.errors import UsageError
 from neurontrain.launch.elastic import in_worker
 from neurontrain.launch.lightning_script import run_lightning
@@ -33,7 +39,7 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 def run(args: argparse.Namespace) -> int:
     if args.lightning is not None:
-        run_lightning(args.lightning, topology_from(args), _recipe_options(args))
+        run_lightning(args.lightning, topology_from(args), recipe_options_given(args))
         return 0
     if args.recipe is None:
         raise UsageError("run needs a RECIPE (or --lightning SCRIPT)")
@@ -60,20 +66,6 @@ def run(args: argparse.Namespace) -> int:
     if summary is not None:
         print(json.dumps(summary.console()))
     return 0
-
-
-def _recipe_options(args: argparse.Namespace) -> list[str]:
-    """The recipe-only options given (a Lightning script takes its own arguments instead)."""
-    given = {
-        "RECIPE": args.recipe is not None,
-        "--set": bool(args.overrides),
-        "--backend": args.backend is not None,
-        "--output-dir": args.output_dir is not None,
-        "--init-from": args.init_from is not None,
-        "--dry-run": args.dry_run,
-        "--no-preflight": args.no_preflight,
-    }
-    return [name for name, present in given.items() if present]
 
 
 def _show_memory(plan: RunPlan) -> None:

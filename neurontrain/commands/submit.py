@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
-from neurontrain.commands.arguments import add_worker_arguments, options_from, recipe_overrides, worker_argv
+from neurontrain.commands.arguments import (
+    add_lightning_argument,
+    add_worker_arguments,
+    options_from,
+    recipe_options_given,
+    recipe_overrides,
+    worker_argv,
+)
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_file_atomic
 from neurontrain.launch import dlc
 from neurontrain.launch.instances import ec2_instance, sagemaker_instance
 from neurontrain.launch.jobcheck import check_world, load_job_recipe
+from neurontrain.launch.lightning_script import script_argv
 from neurontrain.launch.sagemaker import SageMakerJob, parse_inputs, training_job_request
 from neurontrain.launch.slurm import NODE_CACHE_DIR, SlurmJob, render_sbatch, submit
 from neurontrain.launch.submit import (
@@ -48,7 +57,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_slurm_arguments(slurm: argparse.ArgumentParser) -> None:
-    add_worker_arguments(slurm)
+    add_worker_arguments(slurm, recipe_required=False)
+    add_lightning_argument(slurm)
     _add_job_arguments(slurm)
     slurm.add_argument("--nodes", type=int, required=True)
     slurm.add_argument(
@@ -118,8 +128,10 @@ def run(args: argparse.Namespace) -> int:
     return _slurm(args) if args.submit_command == "slurm" else _sagemaker(args)
 
 
-def _slurm(args: argparse.Namespace) -> int:
-    instance = ec2_instance(args.instance_type)
+def _slurm_recipe_job(args: argparse.Namespace) -> SlurmJob:
+    """The job of a recipe: every node runs `neurontrain run RECIPE` with the worker arguments given here."""
+    if args.recipe is None:
+        raise UsageError("submit slurm needs a RECIPE (or --lightning SCRIPT)")
     cache = compile_cache_override(args.compile_cache, shared_paths=True)
     recipe = load_job_recipe(args.recipe, [*recipe_overrides(args), *cache])
     output_dir = Path(args.output_dir or Path("runs") / recipe.name).resolve()
@@ -134,10 +146,37 @@ def _slurm(args: argparse.Namespace) -> int:
         args,
         output_dir=output_dir,
         run_argv=worker_argv(argparse.Namespace(**{**vars(args), **on_nodes})),
-        instance=instance,
+        instance=ec2_instance(args.instance_type),
         job_name=job_name(args.job_name, recipe.name),
     )
     check_world(recipe, job.nodes * job.workers_per_node)
+    return job
+
+
+def _slurm_lightning_job(args: argparse.Namespace) -> SlurmJob:
+    """The job of a Lightning script: every node runs `neurontrain run --lightning "SCRIPT ARGS"` (the script by
+    its absolute path; its own arguments as given, read in the job's working directory, the submit directory)."""
+    refused = recipe_options_given(args, output_dir=False) + (["--compile-cache"] if args.compile_cache else [])
+    if refused:
+        raise UsageError(
+            f"--lightning takes the script's own arguments inside its quotes; {', '.join(refused)} belong to a "
+            "recipe job"
+        )
+    script, *script_args = script_argv(args.lightning)
+    stem = Path(script).stem
+    return options_from(
+        SlurmJob,
+        args,
+        output_dir=Path(args.output_dir or Path("runs") / stem).resolve(),
+        run_argv=["--lightning", shlex.join([str(Path(script).resolve()), *script_args])],
+        instance=ec2_instance(args.instance_type),
+        job_name=job_name(args.job_name, stem),
+    )
+
+
+def _slurm(args: argparse.Namespace) -> int:
+    job = _slurm_lightning_job(args) if args.lightning is not None else _slurm_recipe_job(args)
+    instance, output_dir = job.instance, job.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
     script = Path(args.script) if args.script else output_dir / f"{job.job_name}.sbatch"
     write_file_atomic(script, render_sbatch(job).encode())

@@ -32,6 +32,22 @@ def test_what_run_lightning_refuses_is_a_one_line_usage_error(args: list[str], e
     assert_one_line_usage_error(_Result(code, err), expected)
 
 
+def test_submit_slurm_lightning_runs_the_script_on_every_node_and_refuses_recipe_options(tmp_path, capsys):
+    code, out, _ = cli_in_process(
+        capsys, "submit", "slurm", "--lightning", "examples/lightning_tiny.py --max-steps 4 --resume",
+        "--nodes", "2", "--nproc-per-node", "1", "-o", str(tmp_path), "--job-name", "lt",
+    )  # fmt: skip
+    assert code == 0
+    script = (tmp_path / "lt.sbatch").read_text()
+    assert f"--lightning '{SCRIPT} --max-steps 4 --resume'" in script  # the script by its absolute path
+    assert '--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node=1' in script
+    code, _, err = cli_in_process(
+        capsys, "submit", "slurm", "--lightning", SCRIPT, "--nodes", "2", "--compile-cache", "s3://b/p",
+        "-o", str(tmp_path),
+    )  # fmt: skip
+    assert_one_line_usage_error(_Result(code, err), "--compile-cache belong to a recipe job")
+
+
 def test_the_script_keeps_its_own_arguments():
     assert script_argv(f"{SCRIPT} --max-steps 4 --output-dir 'runs/a b'") == [
         SCRIPT,
