@@ -8,7 +8,8 @@
   `submit slurm` writes, and the SageMaker entry (through a hyperparameter). `submit slurm` and `submit
   sagemaker` accept them too. A flag added there reaches every worker with no other change.
 * launcher-only arguments (`add_launcher_arguments`): --dry-run and the torchrun topology, which each launcher
-  sets for itself (the sbatch script from Slurm's variables, the SageMaker entry from SM_HOSTS).
+  sets for itself (the sbatch script from Slurm's variables, the SageMaker entry from SM_HOSTS), and --lightning
+  (the workers are then the script, with its own arguments).
 
 A test walks every action of the `run` parser and fails on one that is neither.
 """
@@ -150,12 +151,12 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     """`run`'s arguments that only the launching process reads."""
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; do not train")
     add_topology_arguments(parser)
+    add_lightning_argument(parser)  # the workers are the script itself
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_worker_arguments(parser, recipe_required=False)
     add_launcher_arguments(parser)
-    add_lightning_argument(parser)
 
 
 def _dests(add: Callable[[argparse.ArgumentParser], None]) -> frozenset[str]:

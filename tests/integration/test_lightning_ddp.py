@@ -45,6 +45,8 @@ def _two_workers_through_slurm(out, root) -> bool:
         logs = sorted((root / "job" / "logs" / submitted["job_id"]).glob("node-*.log"))
         assert state == "COMPLETED", "\n".join(p.read_text()[-3000:] for p in logs) or state
     finally:
+        # The job's nodes reserved the root-comm port (ip_local_reserved_ports), as on a real cluster; it stays
+        # reserved: undoing it here could race test_scaleout's job, which checks that very reservation.
         cluster.stop()
     return True
 
@@ -78,3 +80,16 @@ def test_a_killed_worker_restarts_and_resumes_from_lightnings_checkpoint(tmp_pat
     assert summary["unexpected_graphs"] == 0
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2 * STEPS
     assert len(json.loads((out / "losses.json").read_text())) == STEPS  # the restarted fit's batches only
+
+
+def test_a_failing_preflight_exits_3_before_step_1(tmp_path):
+    """Each worker's device checks (and the collective checks between them) run before step 1: a device count
+    the workers do not see fails them, one line, exit 3, nothing trained."""
+    out = tmp_path / "out"
+    script = f"{SCRIPT} --max-steps 4 --output-dir {out} --expected-devices 4"
+    result = run_cli("run", "--lightning", script, "--nproc-per-node", "2", timeout=300)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "device count" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
+    assert "Traceback" not in result.stderr
+    assert not (out / "losses.json").exists() and not (out / "checkpoints").exists()
