@@ -1,22 +1,17 @@
 """Lightning data parallel under torchrun (`neurontrain run --lightning`): the example script, unchanged, as two
 workers of 8 rows matches one worker of 16 on the same global batches; a worker killed with SIGKILL is restarted
-(`--max-restarts 1`) and the fit resumes from Lightning's own last.ckpt.
-
-Where a real Slurm can be started here (root and slurm-wlm, as in CI), the two workers are the job of the sbatch
-script `submit slurm --lightning` writes, on a Slurm cluster of two nodes (one worker each); elsewhere `run
---lightning` starts them directly."""
+(`--max-restarts 1`) and the fit resumes from Lightning's own last.ckpt."""
 
 import json
 
 import pytest
 import torch
-from conftest import REPO, _free_port, read_json, run_cli, run_killing_a_worker
+from conftest import REPO, read_json, run_cli, run_killing_a_worker
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "examples" / "lightning_tiny.py"
 STEPS = 10  # one epoch of 160 samples in global batches of 16
-NODES = {"litnodea": "127.0.0.11", "litnodeb": "127.0.0.12"}  # not test_scaleout's: the two may run at once
 
 
 def _script(out, rows: int, steps: int = STEPS, *extra: str) -> str:
@@ -26,36 +21,9 @@ def _script(out, rows: int, steps: int = STEPS, *extra: str) -> str:
     )
 
 
-def _two_workers_through_slurm(out, root) -> bool:
-    """The 2-worker fit as a Slurm job of two nodes; False where no Slurm can be started here."""
-    import slurm_cluster
-
-    if slurm_cluster.available() is not None:
-        return False
-    cluster = slurm_cluster.SlurmCluster(root / "slurm", NODES).start()
-    try:
-        result = run_cli(
-            "submit", "slurm", "--lightning", _script(out, 8), "--nodes", "2", "--nproc-per-node", "1",
-            "-o", str(root / "job"), "--master-port", str(_free_port()), "--max-restarts", "0", "--submit",
-            "--job-name", "lightning-dp", "--node-cache-dir", str(root / "node-cache"), env=cluster.env, timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        submitted = json.loads(result.stdout)
-        state = cluster.wait(submitted["job_id"], timeout=400)
-        logs = sorted((root / "job" / "logs" / submitted["job_id"]).glob("node-*.log"))
-        assert state == "COMPLETED", "\n".join(p.read_text()[-3000:] for p in logs) or state
-    finally:
-        # The job's nodes reserved the root-comm port (ip_local_reserved_ports), as on a real cluster; it stays
-        # reserved: undoing it here could race test_scaleout's job, which checks that very reservation.
-        cluster.stop()
-    return True
-
-
 def test_two_workers_match_one_worker_on_the_same_global_batches(tmp_path):
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        if workers == 2 and _two_workers_through_slurm(out, tmp_path):
-            continue
         result = run_cli("run", "--lightning", _script(out, 16 // workers), "--nproc-per-node", str(workers))
         assert result.returncode == 0, result.stderr[-3000:]
     one, two = (read_json(tmp_path / f"w{n}" / "summary.json") for n in (1, 2))
