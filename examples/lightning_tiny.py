@@ -3,6 +3,7 @@
     python examples/lightning_tiny.py --max-steps 40            # neurontrain.lightning (XLA:CPU here)
     python examples/lightning_tiny.py --max-steps 40 --plain    # plain Lightning + a bare accelerator shim
     python examples/lightning_tiny.py --max-steps 40 --eager    # plain Lightning on the CPU, no XLA
+    neurontrain precompile --lightning "examples/lightning_tiny.py:build --max-steps 40"   # its graphs, ahead
 
 The module uses automatic optimization, `self.log(prog_bar=True)`, `validation_step`, a dynamic-padding
 DataLoader, `ModelCheckpoint`, accumulation 2, gradient clipping and a per-step LR schedule. Every mode writes
@@ -199,7 +200,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+class SequenceData(pl.LightningDataModule):
+    def __init__(self, max_len: int, batch_size: int) -> None:
+        super().__init__()
+        self.max_len, self.batch_size = max_len, batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return loaders(self.max_len, self.batch_size)[0]
+
+    def val_dataloader(self) -> DataLoader:
+        return loaders(self.max_len, self.batch_size)[1]
+
+
+def build(argv: list[str] | None = None) -> tuple[pl.LightningModule, pl.LightningDataModule, dict]:
+    """The module, its data and the Trainer arguments: what `main` fits, and what
+    `neurontrain precompile --lightning "examples/lightning_tiny.py:build ARGS"` precompiles."""
     args = parse_args(argv)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,10 +233,7 @@ def main(argv: list[str] | None = None) -> None:
             buckets=buckets, recompile_guard=args.recompile_guard, preflight=not args.no_preflight,
             output_dir=out, expected_devices=args.expected_devices,
         )  # fmt: skip
-    model = TinyEncoder(args.max_steps, item=args.item)
-    train, val = loaders(args.max_len, args.batch_size)
-    trainer = pl.Trainer(
-        **trainer_kwargs,
+    trainer_kwargs.update(
         max_steps=args.max_steps,
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=1.0,
@@ -233,8 +245,16 @@ def main(argv: list[str] | None = None) -> None:
         default_root_dir=str(out),
         enable_model_summary=False,
     )
+    return TinyEncoder(args.max_steps, item=args.item), SequenceData(args.max_len, args.batch_size), trainer_kwargs
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    model, data, trainer_kwargs = build(argv)
+    trainer = pl.Trainer(**trainer_kwargs)
+    out = Path(args.output_dir)
     resume = "last" if args.resume and (out / "checkpoints" / "last.ckpt").exists() else None
-    trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=resume)
+    trainer.fit(model, datamodule=data, ckpt_path=resume)
 
 
 if __name__ == "__main__":

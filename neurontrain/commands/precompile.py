@@ -25,7 +25,13 @@ log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_recipe_arguments(parser, eager=False)
+    add_recipe_arguments(parser, eager=False, required=False)
+    parser.add_argument(
+        "--lightning",
+        metavar='"SCRIPT:FUNCTION [ARGS]"',
+        help="precompile a Lightning script instead of a recipe: FUNCTION returns (module, datamodule, Trainer "
+        "kwargs with neurontrain.lightning.trainer_args()); a short fit visits every bucket and a checkpoint",
+    )
     parser.add_argument("--workers", type=int, help="parallel compiler processes (default: from cores and host RAM)")
     parser.add_argument("--cache", help="local cache directory or s3://bucket/prefix (default: runtime.compile_cache)")
     parser.add_argument(
@@ -61,6 +67,10 @@ def _check_bounds(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_bounds(args)
+    if args.lightning is not None:
+        return _precompile_lightning(args)
+    if args.recipe is None:
+        raise UsageError("precompile needs a RECIPE (or --lightning SCRIPT:FUNCTION)")
     recipe = load_recipe(args.recipe, recipe_overrides(args))
     cache = resolve_cache(args.cache or recipe.runtime.compile_cache, args.local)
     if recipe.runtime.backend == "native":
@@ -117,3 +127,22 @@ def _precompile_native(args: argparse.Namespace, recipe: Recipe, cache: Cache) -
         write_json_atomic(Path(args.json_file), report.to_json())
     print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
     return 0
+
+
+def _precompile_lightning(args: argparse.Namespace) -> int:
+    given = [flag for flag, on in (("RECIPE", args.recipe), ("--set", args.overrides), ("--backend", args.backend),
+             ("--nproc-per-node", args.nproc_per_node > 1), ("--nnodes", args.nnodes > 1)) if on]  # fmt: skip
+    if given:
+        raise UsageError(f"precompile --lightning takes the script's own arguments, not {', '.join(given)}")
+    target = args.target if args.target != "auto" else ("neuron" if neuron_runtime_present() else "none")
+    if target == "neuron" and not neuron_runtime_present():
+        raise UsageError("--target neuron needs the Neuron runtime (libneuronxla, installed with torch-neuronx)")
+    os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
+    from neurontrain.lightning.precompile import precompile_lightning  # lazy: the optional lightning extra
+
+    report = precompile_lightning(args.lightning, args.cache, args.local, target == "neuron", args.workers)
+    log.info(report.table())  # the report for people; stdout keeps the one JSON line
+    if args.json_file:
+        write_json_atomic(Path(args.json_file), report.to_json())
+    print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
+    return 1 if report.failed else 0

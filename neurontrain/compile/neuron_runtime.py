@@ -85,16 +85,30 @@ class Extractor:
         flags = with_cache_dir(os.environ.get("NEURON_CC_FLAGS", ""), str(target))
         with _environment({EXTRACT_ENV: "1", "NEURON_CC_FLAGS": flags}):
             sync()
-        names = sorted(scan_modules(target))
+        return self.adopt(target)
+
+    def adopt(self, directory: Path) -> list[str]:
+        """Move the modules the runtime wrote under `directory` into the cache; their names."""
+        names = sorted(scan_modules(directory))
         for name in names:
             final = self.root / name
             if not final.exists():
                 final.parent.mkdir(parents=True, exist_ok=True)
                 try:
-                    os.rename(target / name, final)
+                    os.rename(directory / name, final)
                 except OSError:
                     pass  # another process installed the same module meanwhile
+            shutil.rmtree(directory / name, ignore_errors=True)
         return names
+
+    @contextmanager
+    def extracting(self) -> Iterator[Path]:
+        """Extraction mode for everything run inside, into a directory of its own (adopt it afterwards)."""
+        target = self.scratch / "all"
+        target.mkdir(parents=True, exist_ok=True)
+        flags = with_cache_dir(os.environ.get("NEURON_CC_FLAGS", ""), str(target))
+        with _environment({EXTRACT_ENV: "1", "NEURON_CC_FLAGS": flags}):
+            yield target
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -63,7 +63,20 @@ def precompile(
     parallel compile phase compiles them; otherwise graphs are only recorded."""
     start = time.perf_counter()
     manifest = _discover(plan, backend, cache_root, through_runtime)
-    path = manifest_path(cache_root, plan.recipe.name, manifest.plan_id)
+    return report_manifest(manifest, cache_root, backend.name, through_runtime, workers, start)
+
+
+def report_manifest(
+    manifest: Manifest,
+    cache_root: Path,
+    backend_name: str,
+    through_runtime: bool,
+    workers: int | None = None,
+    start: float | None = None,
+) -> PrecompileReport:
+    """Save the manifest; with the runtime, compile its extracted modules; the report of both."""
+    start = time.perf_counter() if start is None else start
+    path = manifest_path(cache_root, manifest.recipe, manifest.plan_id)
     save_manifest(path, manifest)
     report = PrecompileReport(
         target="neuron" if through_runtime else "none",
@@ -76,7 +89,7 @@ def precompile(
         statuses = _compile(report, manifest, cache_root, workers)
     else:
         report.note = (
-            f"{backend.name}: graphs recorded in the manifest; this runtime cannot reload compiled "
+            f"{backend_name}: graphs recorded in the manifest; this runtime cannot reload compiled "
             "executables across processes, so compilation happens at run time."
         )
     report.graphs = [_graph_row(g, statuses, through_runtime) for g in manifest.graphs]

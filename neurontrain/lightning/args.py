@@ -40,6 +40,7 @@ def trainer_args(
     max_buckets: int = 6,
     pad_to_multiple_of: int = 8,
     collective_timeout: float = 600.0,
+    compile_cache: str | Path = "compile_cache",
 ) -> dict[str, Any]:
     """Keyword arguments for `lightning.pytorch.Trainer`: neurontrain's single-device strategy on the PJRT
     accelerator (the strategy installs its callbacks itself: the user's `callbacks=[...]` are unchanged).
@@ -50,6 +51,8 @@ def trainer_args(
     preflight.jsonl) go. pad_values: pad value per batch key (input_ids 0, attention_mask 0, labels -100 unless
     given). pad_rows: pad a partial batch with neutral rows to the loader's batch size. expected_devices: the
     device count preflight expects. collective_timeout: seconds a worker waits in a collective (under torchrun).
+    compile_cache: where the Neuron runtime keeps compiled graphs (and `neurontrain precompile --lightning` puts
+    them), unless NEURON_COMPILE_CACHE_URL or --cache_dir in NEURON_CC_FLAGS says otherwise.
 
     Under torchrun (`neurontrain run --lightning SCRIPT`) the strategy is data parallel: the workers split each
     loader (Lightning's DistributedSampler) and average their gradients (`lightning/parallel.py`).
@@ -69,6 +72,7 @@ def trainer_args(
         expected_devices=expected_devices,
         max_buckets=max_buckets,
         pad_to_multiple_of=pad_to_multiple_of,
+        compile_cache=Path(compile_cache),
     )
     accelerator = PJRTAccelerator()
     session = Session(options, xla_backend())

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar, RichProgressBar, 
 
 from neurontrain.fileio import write_json_atomic
 from neurontrain.health.preflight import preflight
+from neurontrain.health.worker import device_checks
 from neurontrain.lightning import internals
 from neurontrain.lightning.session import Session
 from neurontrain.logs import get_logger
@@ -36,6 +37,10 @@ class NeurontrainCallback(Callback):
         options = self.session.options
         if not options.preflight:
             return
+        if self.session.precompile is not None and self.session.precompile.extracting:
+            device_checks(self.session.backend, None)  # extraction: their graphs, not their (zero) results
+            self.session.backend.sync()
+            return
         recipe = SimpleNamespace(runtime=SimpleNamespace(expected_devices=options.expected_devices))
         preflight(self.session.backend, recipe, self.dp, options.output_dir)
 
@@ -44,6 +49,8 @@ class NeurontrainCallback(Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._reads_in_training = self.session.host_reads()  # before teardown moves everything to the host
+        if self.session.precompile is not None:
+            self.session.precompile.checkpoint(trainer)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         internals.restore_progress_bar_flags(self.session.deferred)

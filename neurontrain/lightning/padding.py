@@ -136,3 +136,20 @@ def auto_buckets(
         max_length=longest,
     )
     return list(choice.buckets)
+
+
+def resize_batch(batch: Any, target: int, padding: Padding) -> Any:
+    """A dict batch brought to sequence length `target` whatever its own: cut when longer, padded as `pad_batch`
+    pads when shorter (rows too). For a precompile fit, which must visit every bucket with the batches it gets:
+    the shapes are what matter there, not the values."""
+    if not isinstance(batch, Mapping):
+        return batch
+    length = sequence_length(batch)
+    if length is None:
+        return batch
+    cut = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length and target < length:
+            value = value[:, :target]
+        cut[key] = value
+    return pad_batch(cut, Padding([target], padding.pad_values, padding.rows))

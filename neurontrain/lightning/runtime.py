@@ -85,3 +85,16 @@ def as_data(tensor: Any) -> Any | None:
         return None
     _, data = torch_xla._XLAC._get_tensors_xla_device_data_node([tensor])
     return data[0] if len(data) == 1 else None
+
+
+def settle_parameters(module: Any) -> None:
+    """Give every parameter the state an optimizer step leaves it in (an in-place write of its own values), before
+    the set-up sync. Without it the first training step traces a different HLO module from every later step of
+    the same shape (measured: 7 weight transposes in step 1, 8 in steps 2+, one torch-xla graph hash for both):
+    torch-xla compiles whichever comes first, so the module handed to the runtime would depend on which bucket
+    the data put at step 1, and a precompiled cache would miss it. Values are unchanged, bit for bit."""
+    import torch
+
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(param.detach().clone())

@@ -15,7 +15,7 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.lightning import runtime
-from neurontrain.lightning.padding import Padding, pad_batch, sequence_length
+from neurontrain.lightning.padding import Padding, pad_batch, resize_batch, sequence_length
 from neurontrain.logs import get_logger
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.summary import RunSummary
@@ -36,6 +36,7 @@ class Options:
     expected_devices: int | None = None
     max_buckets: int = 6
     pad_to_multiple_of: int = 8
+    compile_cache: Path = Path("compile_cache")
 
 
 def planned_keys(buckets: list[int], accumulate: int, evaluates: bool) -> list[tuple]:
@@ -75,6 +76,7 @@ class Session:
     started: float = 0.0
     counters_at_start: dict = field(default_factory=dict)
     train_steps_at_start: int = 0
+    precompile: Any = None  # a PrecompileFit during `neurontrain precompile --lightning`
 
     # -- plan -------------------------------------------------------------------------------------------------
     def start(self, buckets: list[int], mode: str, accumulate: int, evaluates: bool, rows: int | None) -> None:
@@ -101,7 +103,8 @@ class Session:
         if self.padding is None or not isinstance(batch, dict) and not hasattr(batch, "keys"):
             return batch
         length = sequence_length(batch)
-        padded = pad_batch(batch, self.padding)
+        target = self.precompile.target(training) if self.precompile is not None else None
+        padded = pad_batch(batch, self.padding) if target is None else resize_batch(batch, target, self.padding)
         new_length = sequence_length(padded)
         self.length = new_length
         self.shapes = {k: list(v.shape) for k, v in padded.items() if isinstance(v, torch.Tensor)}
@@ -116,10 +119,13 @@ class Session:
     # -- syncs ------------------------------------------------------------------------------------------------
     def sync(self, kind: str) -> None:
         """Cut the pending graph of this kind of step and let the guard check what compiled."""
-        launched = runtime.sync()
+        key = (kind,) if kind in ("setup", "optimizer", "eval-epoch", "bookkeeping") else (kind, self.length)
+        if self.precompile is not None:
+            launched = self.precompile.sync(key, self.shapes if len(key) > 1 else {}, runtime.sync)
+        else:
+            launched = runtime.sync()
         if self.guard is None:
             return
-        key = (kind,) if kind in ("setup", "optimizer", "eval-epoch", "bookkeeping") else (kind, self.length)
         self.guard.after_sync(key, self.step, self.shapes if len(key) > 1 else {}, syncs=launched)
 
     def record_loss(self, loss: Any) -> None:

@@ -19,6 +19,7 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from neurontrain.compile.neuron_runtime import prepare_runtime
 from neurontrain.lightning import internals, runtime
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
 from neurontrain.lightning.plan import choose_plan
@@ -98,6 +99,7 @@ class NeurontrainStrategy(SingleDeviceStrategy):
     def setup_environment(self) -> None:
         """The device checks (exit 3 on failure) before anything runs on the device; neurontrain's callbacks."""
         super().setup_environment()
+        prepare_runtime(self.session.options.compile_cache, [])  # where a Neuron runtime caches (else nothing)
         runtime.configure()
         install_callbacks(self.lightning_module.trainer, self.callback)
         self.callback.preflight()
@@ -110,6 +112,9 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         )
         evaluates = trainer.limit_val_batches != 0 and is_overridden("validation_step", self.lightning_module)
         self.session.start(buckets, mode, trainer.accumulate_grad_batches, evaluates, rows)
+        if self.session.precompile is not None:
+            self.session.precompile.begin(trainer, buckets)
+        runtime.settle_parameters(self.lightning_module)
         for optimizer in self.optimizers:
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
                 materialize_optimizer_state(optimizer, grads=False)
