@@ -27,8 +27,7 @@ from typing import Any
 from neurontrain.backend import package_versions
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
-from neurontrain.compile.neuron_runtime import Extractor, check_precompile_location, prepare_runtime
-from neurontrain.compile.neuron_runtime import toolkit_cache_dir
+from neurontrain.compile.neuron_runtime import Extractor, check_precompile_location, prepare_runtime, toolkit_cache_dir
 from neurontrain.compile.precompile import PrecompileReport, report_manifest
 from neurontrain.compile.xla_dump import DUMP_FILE_ENV, DUMP_FORMAT_ENV, dump_file, dump_size, parse_dump
 from neurontrain.errors import UsageError
@@ -185,7 +184,7 @@ def _fit(fit: PrecompileFit, module: Any, datamodule: Any, kwargs: dict) -> list
     import lightning.pytorch as pl  # lazy: the optional extra
 
     trainer = pl.Trainer(**kwargs)
-    with (fit.extractor.extracting() if fit.extractor is not None else nullcontext()) as gap_dir:
+    with fit.extractor.extracting() if fit.extractor is not None else nullcontext() as gap_dir:
         fit.gap_dir = gap_dir
         trainer.fit(module, datamodule=datamodule)
         fit.finish()
