@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from neurontrain.backend import backend_for, neuron_runtime_present
@@ -137,12 +140,13 @@ def _precompile_lightning(args: argparse.Namespace) -> int:
     target = args.target if args.target != "auto" else ("neuron" if neuron_runtime_present() else "none")
     if target == "neuron" and not neuron_runtime_present():
         raise UsageError("--target neuron needs the Neuron runtime (libneuronxla, installed with torch-neuronx)")
+    if importlib.util.find_spec("lightning") is None:
+        raise UsageError('precompile --lightning needs the lightning package: pip install "neurontrain[lightning]"')
     os.environ.setdefault("NEURON_PARALLEL_COMPILE_MAX_RETRIES", str(args.retries))
-    from neurontrain.lightning.precompile import precompile_lightning  # lazy: the optional lightning extra
-
-    report = precompile_lightning(args.lightning, args.cache, args.local, target == "neuron", args.workers)
-    log.info(report.table())  # the report for people; stdout keeps the one JSON line
-    if args.json_file:
-        write_json_atomic(Path(args.json_file), report.to_json())
-    print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
-    return 1 if report.failed else 0
+    command = [sys.executable, "-m", "neurontrain.lightning.precompile", args.lightning]
+    for flag, value in (("--cache", args.cache), ("--local", args.local), ("--workers", args.workers),
+                        ("--json", args.json_file)):  # fmt: skip
+        command += [flag, str(value)] if value is not None else []
+    command += ["--through-runtime"] if target == "neuron" else []
+    # a process of its own: torch-xla's graph dump is set before anything runs, the user's script is isolated
+    return subprocess.run(command).returncode

@@ -10,8 +10,10 @@ None, Trainer keyword arguments that include `neurontrain.lightning.trainer_args
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import inspect
+import json
 import os
 import shlex
 import shutil
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+
 from neurontrain.backend import package_versions
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
@@ -31,8 +35,10 @@ from neurontrain.compile.neuron_runtime import Extractor, check_precompile_locat
 from neurontrain.compile.precompile import PrecompileReport, report_manifest
 from neurontrain.compile.xla_dump import DUMP_FILE_ENV, DUMP_FORMAT_ENV, dump_file, dump_size, parse_dump
 from neurontrain.errors import UsageError
-from neurontrain.fileio import write_file_atomic
+from neurontrain.fileio import write_file_atomic, write_json_atomic
+from neurontrain.lightning.args import main as script_main
 from neurontrain.lightning.precompile_plan import Visits, Window, fit_graphs
+from neurontrain.lightning.strategy import NeurontrainStrategy
 from neurontrain.logs import get_logger
 
 log = get_logger(__name__)
@@ -130,8 +136,6 @@ def call_build(function: Callable, argv: list[str]) -> tuple[Any, Any, dict]:
         raise UsageError(
             f"--lightning: {function.__name__} must return (module, datamodule or None, Trainer keyword arguments)"
         )
-    from neurontrain.lightning.strategy import NeurontrainStrategy  # lazy: imports Lightning
-
     if not isinstance(result[2].get("strategy"), NeurontrainStrategy):
         raise UsageError(
             f"--lightning: the Trainer arguments from {function.__name__} do not include "
@@ -181,8 +185,6 @@ def precompile_lightning(
 
 
 def _fit(fit: PrecompileFit, module: Any, datamodule: Any, kwargs: dict) -> list:
-    import lightning.pytorch as pl  # lazy: the optional extra
-
     trainer = pl.Trainer(**kwargs)
     with fit.extractor.extracting() if fit.extractor is not None else nullcontext() as gap_dir:
         fit.gap_dir = gap_dir
@@ -202,3 +204,31 @@ def _record(cache_root: Path, graph: Any) -> GraphRecord:
     return GraphRecord(
         list(graph.key), graph.shapes, graph.graph_id, rel, len(text), round(graph.seconds, 4), list(graph.modules)
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m neurontrain.lightning.precompile SPEC ...`: what `neurontrain precompile --lightning` starts (a
+    process of its own, so torch-xla's dump is set before anything runs and the user's script is isolated)."""
+    parser = argparse.ArgumentParser(prog="neurontrain precompile --lightning")
+    parser.add_argument("spec")
+    parser.add_argument("--cache")
+    parser.add_argument("--local")
+    parser.add_argument("--through-runtime", action="store_true")
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--json", dest="json_file")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        report = precompile_lightning(args.spec, args.cache, args.local, args.through_runtime, args.workers)
+        log.info(report.table())  # the report for people; stdout keeps the one JSON line
+        if args.json_file:
+            write_json_atomic(Path(args.json_file), report.to_json())
+        print(json.dumps({k: v for k, v in report.to_json().items() if k != "graphs"}))
+        if report.failed:
+            sys.exit(1)
+
+    script_main(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,23 +11,35 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import read_json, run_cli
+
+from neurontrain.compile.graphs import graph_id
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lightning_tiny.py"
-SHORT, LONG = 11, 21  # validation every 10 steps (an epoch): the short run already has one after training began
+SHORT, LONG = 40, 100  # validation every 10 steps (an epoch)
 
 
 def _start(out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PJRT_DEVICE": "CPU"}
+    command = [sys.executable, str(EXAMPLE), "--output-dir", str(out), *args]
+    if args[0] == "precompile":  # the CLI, on the example's build function with the long run's arguments
+        spec = f"{EXAMPLE}:build --output-dir {out / 'fit'} {' '.join(args[1:])}"
+        command = [sys.executable, "-m", "neurontrain", "precompile", "--lightning", spec, "--cache", str(out)]
+        command += ["--json", str(out / "report.json")]
+    elif "--dump" in args:  # torch-xla's own record of every graph the run's syncs cut
+        command.remove("--dump")
+        env.update(XLA_SAVE_TENSORS_FILE=str(out / "xla-graphs"), XLA_SAVE_TENSORS_FMT="hlo")
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "--output-dir", str(out), *args],
+        command,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -38,6 +50,7 @@ def _start(out: Path, *args: str) -> subprocess.Popen:
 def _finish(proc: subprocess.Popen, out: Path) -> dict:
     stdout, stderr = proc.communicate(timeout=600)
     summary = out / "summary.json"
+    out.mkdir(parents=True, exist_ok=True)
     return {
         "rc": proc.returncode,
         "stderr": stderr,
@@ -48,7 +61,8 @@ def _finish(proc: subprocess.Popen, out: Path) -> dict:
 
 
 RUNS = {  # name: arguments; longest first (they run two at a time: two cores)
-    "long": ["--max-steps", str(LONG)],
+    "long": ["--max-steps", str(LONG), "--dump"],
+    "precompile": ["precompile", "--max-steps", str(LONG)],
     "short": ["--max-steps", str(SHORT)],
     "plain": ["--max-steps", "3", "--plain"],
     "item": ["--max-steps", "2", "--item", "--no-preflight"],
@@ -90,6 +104,7 @@ def test_only_the_planned_graphs_compile_and_the_count_is_flat(runs):
     # the bar reads its values once per optimizer step, a validation run a few more; Lightning alone reads the
     # progress-bar value after every micro-batch (2 per step here) before any bar draws it
     assert runs["long"]["summary"]["host_reads_per_step"] < 1.6
+    assert runs["short"]["summary"]["host_reads_per_step"] < 1.6
     assert (runs["short"]["out"] / "checkpoints").is_dir() and any((runs["short"]["out"] / "checkpoints").iterdir())
 
 
@@ -129,3 +144,66 @@ def test_a_failed_preflight_exits_3_before_step_1(runs):
     assert run["rc"] == 3, run["stderr"][-2000:]
     assert "preflight failed" in run["stderr"] and "expected 4 devices per worker, found 1" in run["stderr"]
     assert run["losses"] is None and run["summary"] is None  # nothing trained
+
+
+def _dumped_graphs(out: Path) -> dict[str, set[str]]:
+    """torch-xla's graph hash -> our graph ids of every HLO module dumped under it, from the run's dump (a block
+    per sync: the module, then torch-xla's graph hash)."""
+    found: dict[str, set[str]] = {}
+    for f in out.glob("xla-graphs*"):
+        for block in re.findall(r"## BEGIN_GRAPH\n(.*?)\n## END_GRAPH", f.read_text(), re.S):
+            hlo, xla_hash = block.split("\n\nGraph Hash:")
+            found.setdefault(xla_hash.strip(), set()).add(graph_id(hlo))
+    return found
+
+
+def test_precompile_records_every_graph_a_100_step_run_compiles(runs):
+    pre, long = _ok(runs["precompile"]), _ok(runs["long"])
+    report = json.loads((pre["out"] / "report.json").read_text())
+    manifest = json.loads(Path(report["manifest"]).read_text())
+    recorded = {g["graph_id"] for g in manifest["graphs"]}
+    dumped = _dumped_graphs(long["out"])
+    assert dumped and report["failed"] == 0 and report["target"] == "none"
+    # every sync of a graph hash handed torch-xla the same module: which bucket came first cannot change it
+    assert all(len(ids) == 1 for ids in dumped.values()), dumped
+    compiled = set().union(*dumped.values())
+    assert len(compiled) == long["summary"]["compilations"] + 3  # and the preflight's three device checks
+    assert compiled <= recorded, compiled - recorded
+    keys = {tuple(g["key"]) for g in manifest["graphs"] if g["key"][0] != "other"}
+    assert keys == set(map(tuple, long["summary"]["planned_keys"]))
+    for g in manifest["graphs"]:
+        assert (pre["out"] / g["hlo_file"]).stat().st_size == g["hlo_bytes"] > 0
+    assert not (pre["out"] / "fit" / "checkpoints").exists()  # the precompile fit keeps the user's dirs clean
+
+
+def test_after_precompile_through_the_neuron_runtime_every_graph_of_a_fit_is_a_cache_hit(tmp_path, neuron_runtime):
+    """The stand-in runtime (tests/standin/runtime) keys modules by what XLA compiled and a salt secret to the test:
+    only modules the runtime itself extracted and compiled can be hits."""
+    env, read_log = neuron_runtime
+    env = {**env, "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"), "PJRT_DEVICE": "CPU"}
+    spec = f"{EXAMPLE}:build --max-steps 12 --output-dir {tmp_path / 'fit'}"
+    pre = run_cli("precompile", "--lightning", spec, "--json", str(tmp_path / "report.json"), env=env)
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    report = read_json(tmp_path / "report.json")
+    extracted = {e["module"] for e in read_log() if e["event"] == "extract"}
+    assert report["target"] == "neuron" and report["failed"] == 0 and report["compiled"] == len(extracted) > 0
+    manifest = read_json(report["manifest"])
+    assert {m for g in manifest["graphs"] for m in g["modules"]} == extracted
+    assert not [e for e in read_log() if e["event"] in ("miss", "hit")]  # extraction compiled nothing itself
+
+    start = len(read_log())
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--max-steps", "12", "--output-dir", str(tmp_path / "run")],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = read_log()[start:]
+    assert [e for e in seen if e["event"] == "miss"] == []
+    assert {e["module"] for e in seen if e["event"] == "hit"} == extracted
+    assert read_json(tmp_path / "run" / "summary.json")["unexpected_graphs"] == 0
+
+
+def test_a_bad_precompile_spec_is_a_one_line_usage_error_from_the_precompile_process():
+    from bad_input import assert_one_line_usage_error
+
+    assert_one_line_usage_error(run_cli("precompile", "--lightning", "nope.py:build"), "is not a Python script")
