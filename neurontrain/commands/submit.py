@@ -83,7 +83,8 @@ def _add_slurm_arguments(slurm: argparse.ArgumentParser) -> None:
 
 
 def _add_sagemaker_arguments(sm: argparse.ArgumentParser) -> None:
-    add_worker_arguments(sm, output_dir=False)
+    add_worker_arguments(sm, output_dir=False, recipe_required=False)
+    add_lightning_argument(sm)
     _add_job_arguments(sm)
     sm.add_argument("--role", required=True, help="IAM role ARN the job runs as")
     sm.add_argument("--instance-type", default="ml.trn1.32xlarge")
@@ -195,11 +196,10 @@ def _slurm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sagemaker(args: argparse.Namespace) -> int:
-    instance = sagemaker_instance(args.instance_type)
-    region = dlc.check_region(aws_region(args.region))
-    image = args.image or dlc.image_uri(region, args.neuron_sdk or dlc.DEFAULT_SDK)
-    inputs = parse_inputs(args.inputs)
+def _sagemaker_recipe_job(args: argparse.Namespace, common: dict) -> SageMakerJob:
+    if args.recipe is None:
+        raise UsageError("submit sagemaker needs a RECIPE (or --lightning SCRIPT)")
+    inputs = common["inputs"]
     overrides = [
         *recipe_overrides(args),
         *compile_cache_override(args.compile_cache, shared_paths=False),
@@ -209,25 +209,61 @@ def _sagemaker(args: argparse.Namespace) -> int:
     check_container_paths(recipe)
     job = SageMakerJob(
         recipe=recipe.model_dump(mode="json"),
-        role_arn=args.role,
-        instance=instance,
-        instance_count=args.instance_count,
-        output=args.output,
-        region=region,
         job_name=job_name(args.job_name, recipe.name),
-        image=image,
-        max_run_seconds=args.max_run,
-        volume_gb=args.volume_size,
-        inputs=inputs,
-        max_retries=args.max_retries,
         run_args=worker_argv(args, carried=SAGEMAKER_CARRIED),
+        **common,
     )
-    check_world(recipe, job.instance_count * instance.workers)
+    check_world(recipe, job.instance_count * job.instance.workers)
     if args.max_retries and (not recipe.checkpoint.resume or recipe.checkpoint.every == 0):
         log.warning(
             f"warning: --max-retries {args.max_retries} with checkpoint.every {recipe.checkpoint.every} and resume "
             f"{recipe.checkpoint.resume}: a retried job starts from step 0"
         )
+    return job
+
+
+def _sagemaker_lightning_job(args: argparse.Namespace, common: dict) -> SageMakerJob:
+    """The job of a Lightning script: its folder travels in the job's source; every instance runs
+    `neurontrain run --lightning "SCRIPT ARGS"` in the job's checkpoint directory (synced with S3)."""
+    refused = [o for o in recipe_options_given(args, output_dir=False) if o != "--dry-run"]  # ours: the request
+    refused += [
+        flag for flag, on in (("--compile-cache", args.compile_cache), ("--data-channel", args.data_channel)) if on
+    ]
+    if refused:
+        raise UsageError(
+            f"--lightning takes the script's own arguments inside its quotes; {', '.join(refused)} belong to a "
+            "recipe job"
+        )
+    script, *script_args = script_argv(args.lightning)
+    path = Path(script).resolve()
+    return SageMakerJob(
+        recipe={},
+        job_name=job_name(args.job_name, path.stem),
+        lightning=shlex.join([path.name, *script_args]),
+        source_dir=str(path.parent),
+        **common,
+    )
+
+
+def _sagemaker(args: argparse.Namespace) -> int:
+    instance = sagemaker_instance(args.instance_type)
+    region = dlc.check_region(aws_region(args.region))
+    common = {
+        "role_arn": args.role,
+        "instance": instance,
+        "instance_count": args.instance_count,
+        "output": args.output,
+        "region": region,
+        "image": args.image or dlc.image_uri(region, args.neuron_sdk or dlc.DEFAULT_SDK),
+        "max_run_seconds": args.max_run,
+        "volume_gb": args.volume_size,
+        "inputs": parse_inputs(args.inputs),
+        "max_retries": args.max_retries,
+    }
+    if args.lightning is not None:
+        job = _sagemaker_lightning_job(args, common)
+    else:
+        job = _sagemaker_recipe_job(args, common)
     request = training_job_request(job)
     if args.dry_run:
         print(json.dumps(request, indent=2))

@@ -32,6 +32,9 @@ CHANNEL_ROOT = "/opt/ml/input/data"
 NODE_CACHE_DIR = "/tmp/neurontrain-cache"  # node-local: not synced to S3 like /opt/ml/checkpoints
 HP_PREFIX = "recipe."
 RUN_ARGS_HP = "neurontrain_run_args"  # `run`'s worker arguments for the entry's command line (a JSON list)
+LIGHTNING_HP = "neurontrain_lightning"  # a Lightning job's "SCRIPT ARGS", SCRIPT relative to its source folder
+LIGHTNING_SOURCE = "lightning_source"  # where the script's folder goes in sourcedir.tar.gz
+MAX_SOURCE_BYTES = 50 * 2**20  # a script's folder is code: data travels through channels
 METRIC_PREFIX = "neurontrain metric:"  # the line the entry script prints for each metrics.jsonl record
 _NUMBER = r"([0-9.eE+\-]+)"
 METRICS = [  # SageMaker reads these from the job's log (regexes over each line)
@@ -61,6 +64,8 @@ class SageMakerJob:
     max_retries: int = 0
     environment: dict[str, str] = field(default_factory=dict)
     run_args: list[str] = field(default_factory=list)  # `run`'s worker arguments the recipe does not carry
+    lightning: str = ""  # a Lightning job: "SCRIPT ARGS" (SCRIPT relative to source_dir) instead of a recipe
+    source_dir: str = ""  # a Lightning job: the local folder of its script, shipped in sourcedir.tar.gz
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/[\w+=,.@/\-]+", self.role_arn):
@@ -119,7 +124,7 @@ def recipe_hyperparameters(recipe: dict) -> dict[str, str]:
 
 def job_hyperparameters(job: SageMakerJob) -> dict[str, str]:
     """The recipe's hyperparameters, the toolkit's own, and `run`'s worker arguments; within SageMaker's limits."""
-    hps = recipe_hyperparameters(job.recipe)
+    hps = recipe_hyperparameters(job.recipe) if not job.lightning else {LIGHTNING_HP: json.dumps(job.lightning)}
     hps.update(
         {
             "sagemaker_program": json.dumps(ENTRY_SCRIPT),
@@ -154,7 +159,7 @@ def training_job_request(job: SageMakerJob) -> dict:
             "TrainingImage": job.image,
             "TrainingInputMode": "File",
             "EnableSageMakerMetricsTimeSeries": True,
-            "MetricDefinitions": METRICS,
+            "MetricDefinitions": METRICS if not job.lightning else [],  # a script logs as it likes
         },
         "RoleArn": job.role_arn,
         "HyperParameters": job_hyperparameters(job),
@@ -190,16 +195,17 @@ def training_job_request(job: SageMakerJob) -> dict:
     return request
 
 
-def requirements() -> str:
-    """requirements.txt for the container's toolkit: this package's own dependencies, less torch and torch-xla
-    (the image's Neuron builds stay)."""
+def requirements(extras: tuple[str, ...] = ()) -> str:
+    """requirements.txt for the container's toolkit: this package's own dependencies and those of `extras`, less
+    torch and torch-xla (the image's Neuron builds stay)."""
     try:
         reqs = requires("neurontrain") or []
     except PackageNotFoundError:
         reqs = []
     keep = []
     for req in reqs:
-        if "extra ==" in req:
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+        if extra is not None and extra.group(1) not in extras:
             continue
         name = re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip()
         if name.lower() not in _NOT_RUNTIME_DEPS:
@@ -207,8 +213,26 @@ def requirements() -> str:
     return "".join(f"{r}\n" for r in keep)
 
 
-def source_tarball() -> bytes:
-    """sourcedir.tar.gz: the entry script, this package, and its requirements for the toolkit to install."""
+def _source_files(source_dir: Path) -> list[Path]:
+    """The files of a Lightning script's folder (hidden names and caches left out), at most MAX_SOURCE_BYTES."""
+    files = [
+        p
+        for p in sorted(source_dir.rglob("*"))
+        if p.is_file()
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(source_dir).parts)
+    ]
+    total = sum(p.stat().st_size for p in files)
+    if total > MAX_SOURCE_BYTES:
+        raise UsageError(
+            f"the script's folder {source_dir} holds {total / 2**20:.0f} MiB; the job ships it whole as its source: "
+            f"keep data out of it (give it to the job with --input NAME=s3://...)"
+        )
+    return files
+
+
+def source_tarball(source_dir: Path | None = None) -> bytes:
+    """sourcedir.tar.gz: the entry script, this package, and its requirements for the toolkit to install; for a
+    Lightning job its script's folder too (and the lightning extra's requirements)."""
     package = Path(neurontrain.__file__).resolve().parent
     entry = (
         '"""SageMaker entry point: the training toolkit runs it once per instance."""\n'
@@ -226,9 +250,11 @@ def source_tarball() -> bytes:
             tar.addfile(info, io.BytesIO(data))
 
         add(ENTRY_SCRIPT, entry.encode())
-        add("requirements.txt", requirements().encode())
+        add("requirements.txt", requirements(("lightning",) if source_dir is not None else ()).encode())
         for path in sorted(package.rglob("*.py")):
             add(f"neurontrain/{path.relative_to(package)}", path.read_bytes())
+        for path in _source_files(source_dir) if source_dir is not None else []:
+            add(f"{LIGHTNING_SOURCE}/{path.relative_to(source_dir)}", path.read_bytes())
     return buf.getvalue()
 
 
@@ -236,7 +262,8 @@ def submit(job: SageMakerJob, sagemaker_client: Any, s3_client: Any) -> dict:
     """Upload sourcedir.tar.gz, then create the training job; returns {job name, ARN, request}."""
     request = training_job_request(job)
     bucket, _, key = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])[5:].partition("/")
-    s3_client.put_object(Bucket=bucket, Key=key, Body=source_tarball())
+    source = source_tarball(Path(job.source_dir) if job.lightning else None)
+    s3_client.put_object(Bucket=bucket, Key=key, Body=source)
     response = sagemaker_client.create_training_job(**request)
     return {
         "job_name": job.job_name,

@@ -7,13 +7,15 @@ channel directory holding one data file stands for that file. The instance then 
 (with `run`'s worker arguments from the neurontrain_run_args hyperparameter) as one torchrun agent of a static
 rendezvous (node rank = index in SM_HOSTS, master = the first host), prints each metrics record as a line
 SageMaker's metric regexes read, and on the first host moves the final model to SM_MODEL_DIR and the summary and
-metrics to SM_OUTPUT_DATA_DIR.
+metrics to SM_OUTPUT_DATA_DIR. A Lightning job (neurontrain_lightning hyperparameter) runs `neurontrain run
+--lightning "SCRIPT ARGS"` instead, with the script from the job's source folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,7 +26,15 @@ from typing import Any, TextIO
 
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
-from neurontrain.launch.sagemaker import CHANNEL_ROOT, CHECKPOINT_DIR, HP_PREFIX, METRIC_PREFIX, RUN_ARGS_HP
+from neurontrain.launch.sagemaker import (
+    CHANNEL_ROOT,
+    CHECKPOINT_DIR,
+    HP_PREFIX,
+    LIGHTNING_HP,
+    LIGHTNING_SOURCE,
+    METRIC_PREFIX,
+    RUN_ARGS_HP,
+)
 
 MASTER_PORT = 29500
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding this copy of the neurontrain package
@@ -91,25 +101,35 @@ def run_argv(
 ) -> list[str]:
     """`neurontrain run` for this instance: one torchrun agent of a static rendezvous across the instances."""
     argv = ["run", recipe_file, "--output-dir", output_dir, *worker_arguments, "--nproc-per-node", str(nproc)]
-    if len(hosts) > 1:
-        argv += [
-            "--nnodes",
-            str(len(hosts)),
-            "--node-rank",
-            str(hosts.index(current_host)),
-            "--master-addr",
-            hosts[0],
-            "--master-port",
-            str(MASTER_PORT),
-        ]
-    return argv
+    return argv + _node_arguments(hosts, current_host)
 
 
-def run_neurontrain(argv: list[str]) -> int:
+def lightning_run_argv(command: Any, hosts: list[str], current_host: str, nproc: int) -> list[str]:
+    """`neurontrain run --lightning` for this instance: the script (shipped in the source folder) as this node's
+    torchrun workers, one agent of a static rendezvous across the instances."""
+    if not isinstance(command, str) or not command.strip():
+        raise UsageError(f'hyperparameter {LIGHTNING_HP} must be "SCRIPT ARGS", not {command!r}')
+    script, *rest = shlex.split(command)
+    path = PACKAGE_PARENT / LIGHTNING_SOURCE / script
+    if not path.is_file():
+        raise UsageError(f"{script} is not in the job's source ({PACKAGE_PARENT / LIGHTNING_SOURCE})")
+    argv = ["run", "--lightning", shlex.join([str(path), *rest]), "--nproc-per-node", str(nproc)]
+    return argv + _node_arguments(hosts, current_host)
+
+
+def _node_arguments(hosts: list[str], current_host: str) -> list[str]:
+    if len(hosts) == 1:
+        return []
+    node_rank = str(hosts.index(current_host))
+    return ["--nnodes", str(len(hosts)), "--node-rank", node_rank, "--master-addr", hosts[0], "--master-port",
+            str(MASTER_PORT)]  # fmt: skip
+
+
+def run_neurontrain(argv: list[str], cwd: Path | None = None) -> int:
     """`python -m neurontrain ARGV` with this copy of the package first on the path; its exit code."""
     path = os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "neurontrain", *argv], env={**os.environ, "PYTHONPATH": path}
+        [sys.executable, "-m", "neurontrain", *argv], env={**os.environ, "PYTHONPATH": path}, cwd=cwd
     ).returncode
 
 
@@ -172,11 +192,32 @@ def _env_json(name: str, env: dict[str, str]) -> Any:
     return json.loads(env[name])
 
 
-def main(env: dict[str, str] | None = None, runner: Callable[[list[str]], int] | None = None) -> int:
+def _checkpoint_dir(env: dict[str, str]) -> Path:
+    base = env.get("SAGEMAKER_BASE_DIR")  # the toolkit's own relocation of /opt/ml (local mode)
+    return Path(base) / "checkpoints" if base else Path(CHECKPOINT_DIR)
+
+
+def lightning_main(hps: dict[str, Any], hosts: list[str], current: str, env: dict[str, str],
+                   runner: Callable[..., int] | None = None) -> int:  # fmt: skip
+    """A Lightning job: the script runs in the checkpoint directory, so what it writes under relative paths
+    (its output folder, Lightning's last.ckpt) is synced to S3 and there again when SageMaker retries the job."""
+    try:
+        argv = lightning_run_argv(hps[LIGHTNING_HP], hosts, current, int(env.get("NEURONTRAIN_NPROC_PER_NODE", "1")))
+    except UsageError as exc:
+        print(f"neurontrain: error: {exc}", file=sys.stderr)
+        return 2
+    workdir = _checkpoint_dir(env)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return (runner or run_neurontrain)(argv, cwd=workdir)
+
+
+def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = None) -> int:
     env = dict(os.environ) if env is None else env
     try:
         hps, hosts = _env_json("SM_HPS", env), _env_json("SM_HOSTS", env)
         current = env.get("SM_CURRENT_HOST", hosts[0])
+        if LIGHTNING_HP in hps:
+            return lightning_main(hps, hosts, current, env, runner)
         channels = {
             name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
             for name in json.loads(env.get("SM_CHANNELS", "[]"))
@@ -186,8 +227,7 @@ def main(env: dict[str, str] | None = None, runner: Callable[[list[str]], int] |
     except (UsageError, json.JSONDecodeError) as exc:
         print(f"neurontrain: error: {exc}", file=sys.stderr)
         return 2
-    base = env.get("SAGEMAKER_BASE_DIR")  # the toolkit's own relocation of /opt/ml (local mode)
-    output_dir = Path(base) / "checkpoints" if base else Path(CHECKPOINT_DIR)
+    output_dir = _checkpoint_dir(env)
     recipe_file = output_dir / "sagemaker-recipe.json"
     write_json_atomic(recipe_file, recipe)
     nproc = int(env.get("NEURONTRAIN_NPROC_PER_NODE", "1"))

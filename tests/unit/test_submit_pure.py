@@ -321,3 +321,64 @@ def test_entry_publishes_the_model_and_prints_metric_lines(tmp_path, capsys):
         assert [float(m.group(1)) for m in re.finditer(metric["Regex"], log)], metric["Name"]
     assert [float(m.group(1)) for m in re.finditer(METRICS[0]["Regex"], log)] == [2.5]  # not the eval loss
     assert entry({"SM_HOSTS": '["algo-1"]'}, fake_run) == 2
+
+
+# -- Lightning jobs ---------------------------------------------------------------------------------------------
+def test_a_lightning_job_ships_its_script_folder_and_runs_it_on_every_instance(tmp_path, capsys):
+    import io
+    import tarfile
+
+    from neurontrain.launch import sagemaker_entry
+    from neurontrain.launch.sagemaker import LIGHTNING_HP, source_tarball
+
+    folder = tmp_path / "project"
+    (folder / "pkg" / "__pycache__").mkdir(parents=True)
+    (folder / "train.py").write_text("print('hi')\n")
+    (folder / "pkg" / "model.py").write_text("X = 1\n")
+    (folder / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref\n")
+    code, out, err = cli_in_process(
+        capsys, "submit", "sagemaker", "--lightning", f"{folder / 'train.py'} --max-steps 5", "--role", ROLE,
+        "--output", "s3://my-bucket/jobs", "--region", "us-west-2", "--instance-count", "2", "--dry-run",
+    )  # fmt: skip
+    assert code == 0, err
+    request = json.loads(out)
+    assert json.loads(request["HyperParameters"][LIGHTNING_HP]) == "train.py --max-steps 5"
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == []
+    with tarfile.open(fileobj=io.BytesIO(source_tarball(folder))) as tar:
+        names = set(tar.getnames())
+        requirements = tar.extractfile("requirements.txt").read().decode()
+    assert {"lightning_source/train.py", "lightning_source/pkg/model.py"} <= names
+    assert not any("__pycache__" in n or ".git" in n for n in names) and "lightning" in requirements
+
+    code_dir = tmp_path / "code"
+    (code_dir / "lightning_source").mkdir(parents=True)
+    (code_dir / "lightning_source" / "train.py").write_text("")
+    seen = {}
+
+    def runner(argv, cwd=None):
+        seen.update(argv=argv, cwd=cwd)
+        return 0
+
+    env = {
+        "SM_HPS": json.dumps({LIGHTNING_HP: "train.py --max-steps 5"}),
+        "SM_HOSTS": '["algo-1", "algo-2"]',
+        "SM_CURRENT_HOST": "algo-2",
+        "SAGEMAKER_BASE_DIR": str(tmp_path / "ml"),
+        "NEURONTRAIN_NPROC_PER_NODE": "32",
+    }
+    original = sagemaker_entry.PACKAGE_PARENT
+    sagemaker_entry.PACKAGE_PARENT = code_dir
+    try:
+        assert sagemaker_entry.main(env, runner) == 0
+        assert seen["argv"][:3] == ["run", "--lightning", f"{code_dir / 'lightning_source' / 'train.py'} --max-steps 5"]
+        assert (
+            seen["argv"][seen["argv"].index("--node-rank") + 1] == "1"
+            and seen["cwd"] == tmp_path / "ml" / "checkpoints"
+        )
+        bad = {**env, "SM_HPS": json.dumps({LIGHTNING_HP: "missing.py"})}
+        assert sagemaker_entry.main(bad, runner) == 2
+        assert "missing.py is not in the job's source" in capsys.readouterr().err
+    finally:
+        sagemaker_entry.PACKAGE_PARENT = original
