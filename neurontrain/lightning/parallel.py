@@ -1,7 +1,8 @@
 """Data parallel for Lightning under torchrun: each worker trains its share of every global batch on its own PJRT
 device, with the toolkit's data-parallel layer (`loop/dataparallel.py`) for everything between the workers.
 
-On XLA:CPU each torchrun worker's runtime is a world of one, so gradients are averaged on the host over gloo,
+On XLA:CPU each torchrun worker's runtime is a world of one, so gradients are averaged on the host over gloo
+(on Neuron the same weighted mean is an xm.all_reduce inside the optimizer graph: written, not run here),
 as `neurontrain run` does there: after the last micro-batch's backward (its graph cut by the sync the strategy
 places there), every gradient leaves the device in one transfer, is weighted by the worker's loss items (labels
 other than the ignore index, else rows) and all-reduced, and comes back as device data; clipping and the
@@ -27,6 +28,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from neurontrain.lightning.session import Session
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator
 from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.loop.planning import reduces_on_host
 
 IGNORE_KEY = "labels"
 
@@ -161,13 +163,25 @@ class NeurontrainDataParallelStrategy(NeurontrainStrategy, ParallelStrategy):
         return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
 
     def reduce_gradients(self) -> None:
-        """The gradients and this window's losses read in one transfer; the gradients averaged as the module
-        docstring says, and the step's global loss (the item-weighted mean of the workers' losses) kept for
-        the summary."""
+        """The gradients averaged over the workers, weighted by their loss items: on the host where the workers'
+        runtimes cannot reduce together (XLA:CPU), else inside the optimizer graph."""
         session = self.session
         params = [p for p in self.lightning_module.parameters() if p.grad is not None]
         losses = session.losses[self.window_start :]
         self.window_start = len(session.losses)
+        if reduces_on_host(session.backend.name):
+            self._reduce_on_host(params, losses)
+            return
+        # Neuron: xm.all_reduce of the weighted gradients and the loss, traced into the graph the optimizer
+        # step's sync cuts (the toolkit's in-graph reduction, as `run` does there). Not runnable on XLA:CPU.
+        step_loss = self.dp.reduce_step(params, losses, self.window_items, session.backend, host=False)
+        self.window_items = 0
+        session.device_step_losses.append(step_loss)
+
+    def _reduce_on_host(self, params: list[torch.Tensor], losses: list[torch.Tensor]) -> None:
+        """The gradients and this window's losses read in one transfer; the gradients averaged, and the step's
+        global loss (the item-weighted mean of the workers' losses) kept for the summary."""
+        session = self.session
         host = session.backend.to_host([p.grad for p in params] + losses)
         grads, local = host[: len(params)], host[len(params) :]
         mean = sum(float(v) for v in local) / len(local) if local else 0.0

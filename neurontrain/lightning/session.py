@@ -68,6 +68,7 @@ class Session:
     buckets_used: set = field(default_factory=set)
     losses: list = field(default_factory=list)
     step_losses: list = field(default_factory=list)  # data parallel: each step's loss over all workers (host)
+    device_step_losses: list = field(default_factory=list)  # the same, reduced in the graph (read at the end)
     deferred: list = field(default_factory=list)  # (name, device tensor, metric) of progress-bar values this step
     deferred_values: dict | None = None  # their host values, once read this step
     stepped: bool = False  # whether this batch ended with an optimizer step
@@ -138,6 +139,9 @@ class Session:
     def summary(self, steps: int, world: int = 1, restarts: int = 0, resumed_from: int | None = None) -> RunSummary:
         guard, backend, start = self.guard, self.backend, self.counters_at_start
         wall = time.perf_counter() - self.started
+        if self.device_step_losses:  # one transfer for the whole fit
+            self.step_losses += [float(v) for v in backend.to_host(self.device_step_losses)]
+            self.device_step_losses = []
         if self.step_losses:
             losses = [self.step_losses[0], self.step_losses[-1]]
         elif self.losses:
