@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -197,14 +198,13 @@ def s3_bucket(s3_server, monkeypatch, request):
 STANDIN = REPO / "tests" / "standin"
 
 
-@pytest.fixture
-def neuron_runtime(tmp_path):
+def standin_runtime(root: Path) -> tuple[dict, Callable[[], list[dict]]]:
     """The environment of a host with the stand-in Neuron runtime (tests/standin/runtime): libneuronxla on the
-    path, neuronx-cc and the stand-in compile on PATH, a secret module-key salt of this test, and the log of
-    every compile the runtime saw. Yields (env, read_log)."""
+    path, neuronx-cc and the stand-in compile on PATH, a secret module-key salt, and the log of every compile
+    the runtime saw under `root`. Returns (env, read_log)."""
     import secrets
 
-    log = tmp_path / "runtime-events.jsonl"
+    log = root / "runtime-events.jsonl"
     env = {
         "PYTHONPATH": os.pathsep.join([str(STANDIN / "runtime"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "PATH": os.pathsep.join([str(STANDIN), os.environ["PATH"]]),
@@ -223,7 +223,13 @@ def neuron_runtime(tmp_path):
     def read_log() -> list[dict]:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
-    yield env, read_log
+    return env, read_log
+
+
+@pytest.fixture
+def neuron_runtime(tmp_path):
+    """The stand-in Neuron runtime for one test (`standin_runtime`). Yields (env, read_log)."""
+    yield standin_runtime(tmp_path)
 
 
 class _NoProcesses(subprocess.Popen):

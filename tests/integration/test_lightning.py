@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_json, run_cli
+from conftest import standin_runtime
 
 from neurontrain.compile.graphs import graph_id
 
@@ -28,8 +28,8 @@ EXAMPLE = REPO / "examples" / "lightning_tiny.py"
 SHORT, LONG = 40, 100  # validation every 10 steps (an epoch)
 
 
-def _start(out: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PJRT_DEVICE": "CPU"}
+def _start(out: Path, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PJRT_DEVICE": "CPU", **(extra_env or {})}
     command = [sys.executable, str(EXAMPLE), "--output-dir", str(out), *args]
     if args[0] == "precompile":  # the CLI, on the example's build function with the long run's arguments
         spec = f"{EXAMPLE}:build --output-dir {out / 'fit'} {' '.join(args[1:])}"
@@ -60,10 +60,10 @@ def _finish(proc: subprocess.Popen, out: Path) -> dict:
     }
 
 
-RUNS = {  # name: arguments; longest first (they run two at a time: two cores)
-    "long": ["--max-steps", str(LONG), "--dump"],
+RUNS = {  # name: arguments; two at a time (two cores), each next one when the earliest started has ended
     "precompile": ["precompile", "--max-steps", str(LONG)],
     "short": ["--max-steps", str(SHORT)],
+    "long": ["--max-steps", str(LONG), "--dump"],  # starts once precompile has ended (its cache is then full)
     "plain": ["--max-steps", "3", "--plain"],
     "item": ["--max-steps", "2", "--item", "--no-preflight"],
     "eager": ["--max-steps", str(SHORT), "--eager"],
@@ -76,11 +76,15 @@ RUNS = {  # name: arguments; longest first (they run two at a time: two cores)
 def runs(tmp_path_factory) -> dict:
     """Every run of this module, two processes at a time."""
     base = tmp_path_factory.mktemp("lightning")
-    pending, running, done = list(RUNS.items()), {}, {}
+    # precompile and the long run on a host with the stand-in Neuron runtime: one runtime cache, one event log
+    standin, read_log = standin_runtime(base)
+    standin["NEURON_COMPILE_CACHE_URL"] = str(base / "runtime-cache")
+    pending, running, done = list(RUNS.items()), {}, {"runtime_log": read_log}
     while pending or running:
         while pending and len(running) < 2:
             name, args = pending.pop(0)
-            running[name] = (_start(base / name, *args), base / name)
+            env = standin if name in ("precompile", "long") else None
+            running[name] = (_start(base / name, *args, extra_env=env), base / name)
         name = next(iter(running))
         proc, out = running.pop(name)
         done[name] = _finish(proc, out)
@@ -157,13 +161,15 @@ def _dumped_graphs(out: Path) -> dict[str, set[str]]:
     return found
 
 
-def test_precompile_records_every_graph_a_100_step_run_compiles(runs):
+def test_precompile_records_every_graph_a_100_step_run_compiles_and_the_run_loads_them_all(runs):
+    """Through the stand-in Neuron runtime (tests/standin/runtime: modules keyed by what XLA compiled and a salt
+    secret to the run), so only modules the runtime itself extracted in precompile can be hits in the run."""
     pre, long = _ok(runs["precompile"]), _ok(runs["long"])
     report = json.loads((pre["out"] / "report.json").read_text())
     manifest = json.loads(Path(report["manifest"]).read_text())
     recorded = {g["graph_id"] for g in manifest["graphs"]}
     dumped = _dumped_graphs(long["out"])
-    assert dumped and report["failed"] == 0 and report["target"] == "none"
+    assert dumped and report["failed"] == 0 and report["target"] == "neuron"
     # every sync of a graph hash handed torch-xla the same module: which bucket came first cannot change it
     assert all(len(ids) == 1 for ids in dumped.values()), dumped
     compiled = set().union(*dumped.values())
@@ -171,33 +177,14 @@ def test_precompile_records_every_graph_a_100_step_run_compiles(runs):
     assert compiled <= recorded, compiled - recorded
     keys = {tuple(g["key"]) for g in manifest["graphs"] if g["key"][0] != "other"}
     assert keys == set(map(tuple, long["summary"]["planned_keys"]))
+    cache_root = Path(report["manifest"]).parents[1]  # the runtime's cache: where the script's runs look
     for g in manifest["graphs"]:
-        assert (pre["out"] / g["hlo_file"]).stat().st_size == g["hlo_bytes"] > 0
+        assert (cache_root / g["hlo_file"]).stat().st_size == g["hlo_bytes"] > 0
     assert not (pre["out"] / "fit" / "checkpoints").exists()  # the precompile fit keeps the user's dirs clean
 
-
-def test_after_precompile_through_the_neuron_runtime_every_graph_of_a_fit_is_a_cache_hit(tmp_path, neuron_runtime):
-    """The stand-in runtime (tests/standin/runtime) keys modules by what XLA compiled and a salt secret to the test:
-    only modules the runtime itself extracted and compiled can be hits."""
-    env, read_log = neuron_runtime
-    env = {**env, "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"), "PJRT_DEVICE": "CPU"}
-    spec = f"{EXAMPLE}:build --max-steps 6 --output-dir {tmp_path / 'fit'}"
-    pre = run_cli("precompile", "--lightning", spec, "--json", str(tmp_path / "report.json"), env=env)
-    assert pre.returncode == 0, pre.stderr[-3000:]
-    report = read_json(tmp_path / "report.json")
-    extracted = {e["module"] for e in read_log() if e["event"] == "extract"}
-    assert report["target"] == "neuron" and report["failed"] == 0 and report["compiled"] == len(extracted) > 0
-    manifest = read_json(report["manifest"])
+    events = runs["runtime_log"]()
+    extracted = {e["module"] for e in events if e["event"] == "extract"}
     assert {m for g in manifest["graphs"] for m in g["modules"]} == extracted
-    assert not [e for e in read_log() if e["event"] in ("miss", "hit")]  # extraction compiled nothing itself
-
-    start = len(read_log())
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--max-steps", "6", "--output-dir", str(tmp_path / "run")],
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = read_log()[start:]
-    assert [e for e in seen if e["event"] == "miss"] == []
-    assert {e["module"] for e in seen if e["event"] == "hit"} == extracted
-    assert read_json(tmp_path / "run" / "summary.json")["unexpected_graphs"] == 0
+    assert report["compiled"] == len(extracted) > 0
+    assert [e for e in events if e["event"] == "miss"] == []  # extraction compiled nothing; the run missed nothing
+    assert {e["module"] for e in events if e["event"] == "hit"} == extracted
