@@ -80,10 +80,7 @@ class Extractor:
         self.scratch = root / f".extract-{uuid.uuid4().hex[:12]}"
 
     def extract(self, sync: Callable[[], None]) -> list[str]:
-        target = self.scratch / uuid.uuid4().hex[:8]
-        target.mkdir(parents=True)
-        flags = with_cache_dir(os.environ.get("NEURON_CC_FLAGS", ""), str(target))
-        with _environment({EXTRACT_ENV: "1", "NEURON_CC_FLAGS": flags}):
+        with self.extracting(uuid.uuid4().hex[:8]) as target:
             sync()
         return self.adopt(target)
 
@@ -102,9 +99,9 @@ class Extractor:
         return names
 
     @contextmanager
-    def extracting(self) -> Iterator[Path]:
-        """Extraction mode for everything run inside, into a directory of its own (adopt it afterwards)."""
-        target = self.scratch / "all"
+    def extracting(self, name: str = "all") -> Iterator[Path]:
+        """Extraction mode for everything run inside, into a scratch directory of its own (adopt it afterwards)."""
+        target = self.scratch / name
         target.mkdir(parents=True, exist_ok=True)
         flags = with_cache_dir(os.environ.get("NEURON_CC_FLAGS", ""), str(target))
         with _environment({EXTRACT_ENV: "1", "NEURON_CC_FLAGS": flags}):
