@@ -63,6 +63,17 @@ class AutoBucketSpec(_Strict):
 DataSource = Literal["synthetic-sentiment", "synthetic-text", "json", "csv", "parquet", "hub"]
 
 
+class DataServiceSpec(_Strict):
+    """Where batches are made: in the training process (none), or on CPU data nodes of a Ray cluster (ray)."""
+
+    kind: Literal["none", "ray"] = "none"
+    address: str | None = None  # the Ray cluster to join; None: RAY_ADDRESS, or `run --local-cluster`
+    data_label: str = Field("data", min_length=1)  # node label neurontrain-role of the nodes that make batches
+    train_label: str = Field("trainium", min_length=1)  # ... of the nodes the training workers run on
+    concurrency: int = Field(1, ge=1)  # collation actors per training worker's stream
+    prefetch_batches: int = Field(4, ge=0)  # batches each training worker keeps in flight
+
+
 class DataSpec(_Strict):
     source: DataSource
     path: str | None = None
@@ -87,6 +98,7 @@ class DataSpec(_Strict):
     max_docs_per_row: int | None = Field(None, ge=1)  # sequence classification under packing; None: from data
     shuffle: bool = True
     seed: int = 0
+    service: DataServiceSpec = DataServiceSpec()
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -175,6 +187,28 @@ class ParallelSpec(_Strict):
         return self
 
 
+class ClusterGroup(_Strict):
+    name: str = Field(..., min_length=1)
+    role: Literal["data", "trainium"]
+    instance_type: str | None = None
+    count: int = Field(1, ge=1)
+
+
+class ClusterSpec(_Strict):
+    """The instance groups of a heterogeneous job and their roles (the launchers read it)."""
+
+    groups: list[ClusterGroup] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster.groups: names must differ (got {names})")
+        if self.groups and {g.role for g in self.groups} != {"data", "trainium"}:
+            raise ValueError("cluster.groups: a heterogeneous cluster needs a data group and a trainium group")
+        return self
+
+
 class Recipe(_Strict):
     name: str
     task: Task
@@ -185,6 +219,7 @@ class Recipe(_Strict):
     checkpoint: CheckpointSpec = CheckpointSpec()
     runtime: RuntimeSpec = RuntimeSpec()
     parallel: ParallelSpec = ParallelSpec()
+    cluster: ClusterSpec = ClusterSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
@@ -200,6 +235,7 @@ class Recipe(_Strict):
         """Hash of everything that changes the computation (used to refuse resuming a different run). Settings
         added later are left out at their default, so older checkpoints and compile caches keep their hash."""
         unset_later = {"packing", "max_docs_per_row"} if self.data.packing == "off" else set()
+        unset_later |= {"service"}  # where batches are made changes no batch
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -207,6 +243,7 @@ class Recipe(_Strict):
                 "checkpoint": True,
                 "train": {"max_steps", "log_every", "zero1", "activation_checkpointing"},
                 "parallel": {"fsdp"},  # how the same computation is laid out over workers, as zero1
+                "cluster": True,
                 "runtime": {
                     "compile_cache",
                     "preflight",

@@ -152,6 +152,19 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; do not train")
     add_topology_arguments(parser)
     add_lightning_argument(parser)  # the workers are the script itself
+    g = parser.add_argument_group("Ray (heterogeneous clusters)")
+    g.add_argument(
+        "--launcher",
+        choices=("torchrun", "ray"),
+        default="torchrun",
+        help="start the workers through torchrun (default) or as a Ray Train worker group on trainium-labelled "
+        "Ray nodes (needed by data.service.kind ray)",
+    )
+    g.add_argument(
+        "--local-cluster",
+        metavar="data=N,trainium=M",
+        help="with --launcher ray: start a loopback Ray cluster of N data and M trainium nodes on this machine",
+    )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

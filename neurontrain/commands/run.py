@@ -16,9 +16,12 @@ from neurontrain.commands.arguments import (
     recipe_overrides,
     worker_argv,
 )
+from neurontrain.data.service import local_cluster_sizes
 from neurontrain.errors import UsageError
 from neurontrain.launch.elastic import in_worker
 from neurontrain.launch.lightning_script import run_lightning
+from neurontrain.launch.ray_plan import describe_service
+from neurontrain.launch.ray_train import check_ray_options, train_on_ray
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
@@ -48,17 +51,31 @@ def run(args: argparse.Namespace) -> int:
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output-dir {output_dir} exists and is not a directory")
     init_from = _initial_checkpoint(args)
+    check_ray_options(recipe, args.launcher, args.local_cluster)
     if in_worker():
         train_as_worker(recipe, output_dir, preflight_check=not args.no_preflight, init_from=init_from)
         return 0
     topology = topology_from(args)
     launching = args.nproc_per_node is not None or topology.nnodes > 1 or topology.max_restarts > 0
+    launching = launching or args.launcher == "ray"
     if args.dry_run:
         plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend), world=topology.world if launching else 1)
-        print(json.dumps(describe_plan(plan), indent=2))
+        described = describe_plan(plan)
+        if args.launcher == "ray":
+            described["ray"] = describe_service(plan, _local_sizes(args))
+        print(json.dumps(described, indent=2))
         _show_memory(plan)
         return 0
-    if launching:
+    if args.launcher == "ray":
+        summary = train_on_ray(
+            recipe,
+            output_dir,
+            topology,
+            preflight_check=not args.no_preflight,
+            init_from=init_from,
+            local_sizes=_local_sizes(args),
+        )
+    elif launching:
         workers = worker_argv(argparse.Namespace(**{**vars(args), "output_dir": str(output_dir)}))
         summary = train_workers(recipe, output_dir, topology, ["run", *workers])
     else:
@@ -66,6 +83,15 @@ def run(args: argparse.Namespace) -> int:
     if summary is not None:
         print(json.dumps(summary.console()))
     return 0
+
+
+def _local_sizes(args: argparse.Namespace) -> dict[str, int] | None:
+    if args.local_cluster is None:
+        return None
+    try:
+        return local_cluster_sizes(args.local_cluster)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _show_memory(plan: RunPlan) -> None:

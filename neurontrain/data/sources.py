@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,38 @@ _SPECIALS = {
 
 @dataclass
 class PreparedData:
+    """The tokenized data. Where a data service makes the training batches (`data.service`), the training
+    side holds a copy without the training ids (`without_train_ids`): what planning needs, the lengths."""
+
     tokenizer: Any
     pad_id: int
-    train_ids: list[list[int]]
+    train_ids: list[list[int]] | None  # None: the ids stay where the batches are made
     train_labels: list[int] | None
     eval_ids: list[list[int]]
     eval_labels: list[int] | None
     truncated: int
+    known_train_lengths: list[int] | None = None  # set where train_ids is None
 
     @property
     def train_lengths(self) -> list[int]:
+        if self.train_ids is None:
+            return list(self.known_train_lengths or [])
         return [len(ids) for ids in self.train_ids]
+
+    @property
+    def train_samples(self) -> int:
+        return len(self.train_ids) if self.train_ids is not None else len(self.known_train_lengths or [])
+
+    def without_train_ids(self) -> PreparedData:
+        return replace(self, train_ids=None, train_labels=None, known_train_lengths=self.train_lengths)
+
+    def truncate_train(self, index: int, limit: int) -> None:
+        """Cut training sample `index` to `limit` tokens (its length, where only lengths are held)."""
+        if self.train_ids is not None:
+            self.train_ids[index] = self.train_ids[index][:limit]
+        else:
+            assert self.known_train_lengths is not None
+            self.known_train_lengths[index] = min(self.known_train_lengths[index], limit)
 
     @property
     def eval_lengths(self) -> list[int]:

@@ -21,6 +21,7 @@ class Trainium:
     workers: int  # torchrun workers a node: one per logical NeuronCore
     efa: bool  # EFA network interfaces (multi-node collectives)
     logical_nc_config: int | None = None  # NEURON_LOGICAL_NC_CONFIG to export (trn2: 2 physical cores per worker)
+    vcpus: int = 0  # the host's vCPUs (EC2's instance type table)
 
     @property
     def sagemaker_name(self) -> str:
@@ -40,10 +41,10 @@ class Trainium:
 INSTANCES = {
     t.name: t
     for t in (
-        Trainium("trn1.2xlarge", 2, efa=False),
-        Trainium("trn1.32xlarge", 32, efa=True),
-        Trainium("trn1n.32xlarge", 32, efa=True),
-        Trainium("trn2.48xlarge", 64, efa=True, logical_nc_config=2),
+        Trainium("trn1.2xlarge", 2, efa=False, vcpus=8),
+        Trainium("trn1.32xlarge", 32, efa=True, vcpus=128),
+        Trainium("trn1n.32xlarge", 32, efa=True, vcpus=128),
+        Trainium("trn2.48xlarge", 64, efa=True, logical_nc_config=2, vcpus=192),
     )
 }
 # `submit slurm --instance-type trn1|trn1n|trn2`: the family's multi-node size

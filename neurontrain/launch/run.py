@@ -18,6 +18,7 @@ from neurontrain.compile.manifest import load_manifest, manifest_path
 from neurontrain.compile.native_cache import NativeCacheUse
 from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.runtime_cache import CacheLocation, extraction_mode, gained_neff, scan_modules
+from neurontrain.data.ray_service import ServedData
 from neurontrain.health.preflight import preflight
 from neurontrain.launch.elastic import check_master_address, launch
 from neurontrain.launch.topology import Topology
@@ -87,9 +88,15 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
 
 
 def train_as_worker(
-    recipe: Recipe, output_dir: Path, *, preflight_check: bool, init_from: InitialCheckpoint | None = None
-) -> None:
-    """One worker of a torchrun group (the launcher pulled the cache and prints the summary)."""
+    recipe: Recipe,
+    output_dir: Path,
+    *,
+    preflight_check: bool,
+    init_from: InitialCheckpoint | None = None,
+    service: ServedData | None = None,
+) -> RunSummary:
+    """One worker of a torchrun (or Ray Train) group; the launcher pulled the cache and prints the summary.
+    service: the training batches come from a data service; planning uses the lengths it sent."""
     dp = DataParallel.from_env()
     backend = backend_for(recipe.runtime)
     cache = resolve_cache(recipe.runtime.compile_cache)
@@ -98,12 +105,15 @@ def train_as_worker(
     try:
         if recipe.runtime.preflight and preflight_check:
             preflight(backend, recipe, dp, output_dir)
-        plan = make_plan(recipe, backend.name, world=dp.world)
+        plan = make_plan(recipe, backend.name, world=dp.world, data=service.lengths if service else None)
         manifest = _manifest_ids(plan, backend.name, cache.local) if dp.is_master else None
         if dp.enabled:
             manifest = dp.all_gather_object(manifest)[0]
         workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
-        _trainer(plan, backend, output_dir, manifest, workers, init_from).run()
+        trainer = _trainer(plan, backend, output_dir, manifest, workers, init_from)
+        if service is not None:
+            trainer.batch_source = service.source_for(plan.collation(workers.rank))
+        return trainer.run()
     finally:
         dp.close()
 

@@ -15,6 +15,7 @@ from neurontrain.data.batching import Batcher, IndexBatch, fixed_batches
 from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
 from neurontrain.data.collate import Collator
 from neurontrain.data.packing import Packing
+from neurontrain.data.service import Collation
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
@@ -63,7 +64,7 @@ class RunPlan:
     packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
 
     def __post_init__(self) -> None:
-        samples = len(self.data.train_ids)
+        samples = self.data.train_samples
         if self.backend not in BACKENDS:
             raise UsageError(f"run plan: unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
         if self.world < 1:
@@ -93,11 +94,19 @@ class RunPlan:
         """Worker `rank`'s collation of the global train or eval batches."""
         data, spec = self.data, self.recipe.data
         if split == "train":
+            if data.train_ids is None:
+                raise ValueError("this plan holds the training lengths only: its batches come from the data service")
             ids, labels, size = data.train_ids, data.train_labels, spec.batch_size
         else:
             ids, labels, size = data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size
         max_docs = self.packing.max_docs if self.packing is not None else None
         return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs)
+
+    def collation(self, rank: int) -> Collation:
+        """Worker `rank`'s collation of the training batches, for a data service that holds the ids."""
+        max_docs = self.packing.max_docs if self.packing is not None else None
+        spec = self.recipe.data
+        return Collation(self.batcher, self.recipe.task, spec.batch_size, self.data.pad_id, rank, self.world, max_docs)
 
     @property
     def split_step(self) -> bool:
@@ -372,10 +381,13 @@ def _with_packing(
 
 
 def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:
-    for split, rows in (("train", data.train_ids), ("eval", data.eval_ids)):
-        for i, ids in enumerate(rows):
-            if len(ids) > limit:
+    for split, lengths in (("train", data.train_lengths), ("eval", data.eval_lengths)):
+        for i, length in enumerate(lengths):
+            if length > limit:
                 if overlong == "fail":
-                    raise UsageError(f"{split} sample {i} has {len(ids)} tokens, more than the largest bucket {limit}")
-                rows[i] = ids[:limit]
+                    raise UsageError(f"{split} sample {i} has {length} tokens, more than the largest bucket {limit}")
+                if split == "train":
+                    data.truncate_train(i, limit)
+                else:
+                    data.eval_ids[i] = data.eval_ids[i][:limit]
                 data.truncated += 1

@@ -29,6 +29,7 @@ from neurontrain.loop.zero1 import Strategy, build_strategy
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
 
 GraphIdentifier = Callable[[list[torch.Tensor]], str]
+BatchSource = Callable[[int, int], Iterator[dict]]
 
 
 @dataclass
@@ -55,13 +56,16 @@ class Trainer:
         extracting: bool = False,
         initialize: Callable[[torch.nn.Module], None] | None = None,
         initialize_optimizer: Callable[[Strategy, torch.nn.Module], None] | None = None,
+        batch_source: BatchSource | None = None,
     ) -> None:
         """manifest_graphs: graph ids from a precompile manifest; each graph the run compiles is identified with
         graph_identifier (the pending graph's output tensors -> its id) and checked against them (a miss is an
         unexpected graph). dp: this worker's place among plan.world workers. extracting: the runtime only
         extracts graphs and every value is fake, so nothing of this run may be kept or resumed. initialize: sets
         the starting weights of the model built on the host (`run --init-from`), unless the run resumes;
-        initialize_optimizer then the starting state of the optimizer strategy built for the device model."""
+        initialize_optimizer then the starting state of the optimizer strategy built for the device model.
+        batch_source: (position, count) -> this worker's collated training micro-batches from a data service,
+        instead of collating them here."""
         self.plan, self.backend, self.output_dir = plan, backend, output_dir
         self.recipe = plan.recipe
         self.dp = dp or DataParallel()
@@ -71,6 +75,7 @@ class Trainer:
             raise ValueError("checking graphs against manifest_graphs needs a graph_identifier")
         self.manifest_graphs, self.graph_identifier = manifest_graphs, graph_identifier
         self.extracting, self.initialize, self.initialize_optimizer = extracting, initialize, initialize_optimizer
+        self.batch_source = batch_source
         self.writes = self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
         self.start_step = self.position = 0  # position: batches of the batch order consumed so far
@@ -332,9 +337,12 @@ class Trainer:
     def _train_batches(self) -> Iterator[dict]:
         """The collated micro-batches from the run's data position to its last step, on the device."""
         recipe = self.recipe
-        collate = self.plan.collator("train", self.dp.rank)
         remaining = (recipe.train.max_steps - self.start_step) * recipe.train.grad_accum
-        stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))
+        if self.batch_source is not None:
+            stream = self.batch_source(self.position, remaining)
+        else:
+            collate = self.plan.collator("train", self.dp.rank)
+            stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))
         return iter(self.backend.wrap_loader(stream, recipe.runtime.loader))
 
     def _log_loss(
