@@ -100,11 +100,29 @@ def torchrun_worker_pid(output_dir: Path, rank: int) -> int | None:
     return None
 
 
+def ray_train_worker_pids() -> list[int]:
+    """Pids of the Ray Train worker processes on this machine (Ray titles them ray::RayTrainWorker...)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::RayTrainWorker"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
 def run_killing_a_worker(
-    args: list[str], output_dir: Path, checkpoint_step: int, rank: int = 1, marker: Path | None = None
+    args: list[str],
+    output_dir: Path,
+    checkpoint_step: int,
+    rank: int = 1,
+    marker: Path | None = None,
+    find_pid: Callable[[], int | None] | None = None,
 ) -> tuple[int, str]:
     """`neurontrain ARGS` (a torchrun group writing to output_dir); once its checkpoint of checkpoint_step is
-    complete (or the file `marker` exists), SIGKILL worker `rank`. Returns (exit code, stderr)."""
+    complete (or the file `marker` exists), SIGKILL worker `rank` (or the process find_pid names). Returns
+    (exit code, stderr)."""
     import signal
     import time
 
@@ -122,7 +140,7 @@ def run_killing_a_worker(
         while not marker.exists():
             assert proc.poll() is None and time.time() < deadline, "the run ended before the checkpoint"
             time.sleep(0.05)
-        pid = torchrun_worker_pid(output_dir, rank)
+        pid = find_pid() if find_pid is not None else torchrun_worker_pid(output_dir, rank)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=300)

@@ -27,7 +27,8 @@ from neurontrain.launch import dlc
 from neurontrain.launch.instances import ec2_instance, sagemaker_instance
 from neurontrain.launch.jobcheck import check_world, load_job_recipe
 from neurontrain.launch.lightning_script import script_argv
-from neurontrain.launch.sagemaker import SageMakerJob, parse_inputs, training_job_request
+from neurontrain.launch.sagemaker import SageMakerJob, channel_dir, parse_inputs, training_job_request
+from neurontrain.launch.sagemaker_groups import parse_data_instances, with_groups
 from neurontrain.launch.slurm import NODE_CACHE_DIR, SlurmJob, render_sbatch, submit
 from neurontrain.launch.submit import (
     aws_region,
@@ -114,6 +115,12 @@ def _add_sagemaker_arguments(sm: argparse.ArgumentParser) -> None:
         "checkpoint in /opt/ml/checkpoints",
     )
     sm.add_argument("--volume-size", type=int, default=512, help="GB of EBS per instance")
+    sm.add_argument(
+        "--data-instances",
+        metavar="TYPE:N",
+        help="a heterogeneous job: N CPU instances of TYPE make the batches (data.service.kind ray) for the "
+        "Trainium instances",
+    )
     sm.add_argument("--dry-run", action="store_true", help="print the request; call nothing")
 
 
@@ -207,10 +214,16 @@ def _sagemaker_recipe_job(args: argparse.Namespace, common: dict) -> SageMakerJo
     ]
     recipe = load_job_recipe(args.recipe, overrides)
     check_container_paths(recipe)
+    shipped, data_channels = recipe.model_dump(mode="json"), ()
+    if args.data_instances:
+        trainium = (common["instance"].sagemaker_name, common["instance_count"])
+        shipped = with_groups(shipped, parse_data_instances(args.data_instances), trainium)
+        data_channels = tuple(name for name in inputs if f"{recipe.data.path}/".startswith(channel_dir(name) + "/"))
     job = SageMakerJob(
-        recipe=recipe.model_dump(mode="json"),
+        recipe=shipped,
         job_name=job_name(args.job_name, recipe.name),
         run_args=worker_argv(args, carried=SAGEMAKER_CARRIED),
+        data_channels=data_channels,
         **common,
     )
     check_world(recipe, job.instance_count * job.instance.workers)
@@ -227,7 +240,13 @@ def _sagemaker_lightning_job(args: argparse.Namespace, common: dict) -> SageMake
     `neurontrain run --lightning "SCRIPT ARGS"` in the job's checkpoint directory (synced with S3)."""
     refused = [o for o in recipe_options_given(args, output_dir=False) if o != "--dry-run"]  # ours: the request
     refused += [
-        flag for flag, on in (("--compile-cache", args.compile_cache), ("--data-channel", args.data_channel)) if on
+        flag
+        for flag, on in (
+            ("--compile-cache", args.compile_cache),
+            ("--data-channel", args.data_channel),
+            ("--data-instances", args.data_instances),
+        )
+        if on
     ]
     if refused:
         raise UsageError(

@@ -70,6 +70,27 @@ def check_roles(nodes: list[dict], spec: DataServiceSpec, world: int, worker_res
     }
 
 
+def count_placement(ran: list[tuple[str, str, str | None]], nodes: list[dict]) -> dict[str, dict[str, int]]:
+    """(kind, name, node id) of every task and actor -> {node role: {"kind name": count}}."""
+    role_of = {node["NodeID"]: node.get("Labels", {}).get(LABEL_KEY, "unlabelled") for node in nodes}
+    out: dict[str, dict[str, int]] = {}
+    for kind, name, node_id in ran:
+        if node_id is None:  # an actor's creation task has no node of its own; the actor is counted
+            continue
+        counts = out.setdefault(role_of.get(node_id, "unknown"), {})
+        counts[f"{kind} {name}"] = counts.get(f"{kind} {name}", 0) + 1
+    return out
+
+
+def placement(nodes: list[dict]) -> dict[str, dict[str, int]]:
+    """Every task and actor the cluster has run, by node role and name (Ray's state API, ray[default])."""
+    from ray.util.state import list_actors, list_tasks  # lazy: with ray
+
+    ran: list[tuple[str, str, str | None]] = [("actor", a.class_name, a.node_id) for a in list_actors(limit=10_000)]
+    ran += [("task", t.name, t.node_id) for t in list_tasks(limit=10_000)]
+    return count_placement(ran, nodes)
+
+
 class RayCluster:
     """This process's connection to a Ray cluster, and the loopback cluster it started, if any."""
 

@@ -10,6 +10,7 @@ starts again and resumes from the newest checkpoint, at its data position.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -20,7 +21,7 @@ from neurontrain.backend import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.data.ray_service import ServedData, import_ray, prepare_on_data_nodes, selector
 from neurontrain.errors import UsageError
-from neurontrain.launch.ray_cluster import check_roles, join_cluster
+from neurontrain.launch.ray_cluster import check_roles, join_cluster, placement
 from neurontrain.launch.run import train_as_worker
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
@@ -132,6 +133,10 @@ def train_on_ray(
         if served is not None:
             _probe(served, plan.collation(0))
         _fit(recipe, output_dir, topology, served, preflight_check, init_from, resource)
+        if served is not None:
+            where = placement(ray.nodes())
+            (output_dir / "data_service" / "placement.json").write_text(json.dumps(where, indent=1))
+            log.info(f"data service: tasks and actors by node role: {where}")
     finally:
         cluster.close()
     return read_summary(output_dir)

@@ -25,6 +25,7 @@ import neurontrain
 from neurontrain.errors import UsageError
 from neurontrain.launch.dlc import check_s3_url
 from neurontrain.launch.instances import Trainium
+from neurontrain.launch.sagemaker_groups import group_name, instance_groups
 
 ENTRY_SCRIPT = "neurontrain_sagemaker_entry.py"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
@@ -66,6 +67,11 @@ class SageMakerJob:
     run_args: list[str] = field(default_factory=list)  # `run`'s worker arguments the recipe does not carry
     lightning: str = ""  # a Lightning job: "SCRIPT ARGS" (SCRIPT relative to source_dir) instead of a recipe
     source_dir: str = ""  # a Lightning job: the local folder of its script, shipped in sourcedir.tar.gz
+    data_channels: tuple[str, ...] = ()  # a heterogeneous job: the channels only its data group reads
+
+    @property
+    def heterogeneous(self) -> bool:
+        return bool((self.recipe.get("cluster") or {}).get("groups"))
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/[\w+=,.@/\-]+", self.role_arn):
@@ -151,6 +157,9 @@ def training_job_request(job: SageMakerJob) -> dict:
         "NEURONTRAIN_NPROC_PER_NODE": str(job.instance.workers),
         "NEURONTRAIN_CACHE_DIR": NODE_CACHE_DIR,
         **job.instance.environment(job.instance_count),
+        # Ray's token auth needs one token on every host; the job's hosts talk over its own cluster network, so
+        # the Ray cluster of a heterogeneous job runs without (README: "Heterogeneous clusters")
+        **({"RAY_AUTH_MODE": "disabled"} if job.heterogeneous else {}),
         **job.environment,
     }
     request = {
@@ -164,11 +173,7 @@ def training_job_request(job: SageMakerJob) -> dict:
         "RoleArn": job.role_arn,
         "HyperParameters": job_hyperparameters(job),
         "OutputDataConfig": {"S3OutputPath": job.s3("output")},
-        "ResourceConfig": {
-            "InstanceType": job.instance.sagemaker_name,
-            "InstanceCount": job.instance_count,
-            "VolumeSizeInGB": job.volume_gb,
-        },
+        "ResourceConfig": _resources(job),
         "StoppingCondition": {"MaxRuntimeInSeconds": job.max_run_seconds},
         "CheckpointConfig": {"S3Uri": job.s3(job.job_name, "checkpoints"), "LocalPath": CHECKPOINT_DIR},
         "Environment": env,
@@ -176,23 +181,28 @@ def training_job_request(job: SageMakerJob) -> dict:
         "EnableInterContainerTrafficEncryption": False,
     }
     if job.inputs:
-        request["InputDataConfig"] = [
-            {
-                "ChannelName": name,
-                "InputMode": "File",
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3DataType": "S3Prefix",
-                        "S3Uri": uri,
-                        "S3DataDistributionType": "FullyReplicated",
-                    }
-                },
-            }
-            for name, uri in job.inputs.items()
-        ]
+        request["InputDataConfig"] = [_channel(job, name, uri) for name, uri in job.inputs.items()]
     if job.max_retries:
         request["RetryStrategy"] = {"MaximumRetryAttempts": job.max_retries}
     return request
+
+
+def _resources(job: SageMakerJob) -> dict:
+    if not job.heterogeneous:
+        return {
+            "InstanceType": job.instance.sagemaker_name,
+            "InstanceCount": job.instance_count,
+            "VolumeSizeInGB": job.volume_gb,
+        }
+    return {"InstanceGroups": instance_groups(job.recipe), "VolumeSizeInGB": job.volume_gb}
+
+
+def _channel(job: SageMakerJob, name: str, uri: str) -> dict:
+    """An input channel; in a heterogeneous job the data channel reaches the data group only."""
+    source = {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
+    if name in job.data_channels:
+        source["InstanceGroupNames"] = [group_name(job.recipe, "data")]
+    return {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": source}}
 
 
 def requirements(extras: tuple[str, ...] = ()) -> str:
@@ -230,9 +240,10 @@ def _source_files(source_dir: Path) -> list[Path]:
     return files
 
 
-def source_tarball(source_dir: Path | None = None) -> bytes:
+def source_tarball(source_dir: Path | None = None, heterogeneous: bool = False) -> bytes:
     """sourcedir.tar.gz: the entry script, this package, and its requirements for the toolkit to install; for a
-    Lightning job its script's folder too (and the lightning extra's requirements)."""
+    Lightning job its script's folder too (and the lightning extra's requirements); a heterogeneous job adds
+    the ray extra's."""
     package = Path(neurontrain.__file__).resolve().parent
     entry = (
         '"""SageMaker entry point: the training toolkit runs it once per instance."""\n'
@@ -250,7 +261,8 @@ def source_tarball(source_dir: Path | None = None) -> bytes:
             tar.addfile(info, io.BytesIO(data))
 
         add(ENTRY_SCRIPT, entry.encode())
-        add("requirements.txt", requirements(("lightning",) if source_dir is not None else ()).encode())
+        extras = ("lightning",) if source_dir is not None else ("ray",) if heterogeneous else ()
+        add("requirements.txt", requirements(extras).encode())
         for path in sorted(package.rglob("*.py")):
             add(f"neurontrain/{path.relative_to(package)}", path.read_bytes())
         for path in _source_files(source_dir) if source_dir is not None else []:
@@ -262,7 +274,7 @@ def submit(job: SageMakerJob, sagemaker_client: Any, s3_client: Any) -> dict:
     """Upload sourcedir.tar.gz, then create the training job; returns {job name, ARN, request}."""
     request = training_job_request(job)
     bucket, _, key = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])[5:].partition("/")
-    source = source_tarball(Path(job.source_dir) if job.lightning else None)
+    source = source_tarball(Path(job.source_dir) if job.lightning else None, job.heterogeneous)
     s3_client.put_object(Bucket=bucket, Key=key, Body=source)
     response = sagemaker_client.create_training_job(**request)
     return {
