@@ -35,6 +35,8 @@ from neurontrain.launch.sagemaker import (
     METRIC_PREFIX,
     RUN_ARGS_HP,
 )
+from neurontrain.launch.sagemaker_groups import HostRole, host_role
+from neurontrain.launch.sagemaker_ray import RAY_PORT, run_head, run_member
 
 MASTER_PORT = 29500
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding this copy of the neurontrain package
@@ -125,11 +127,12 @@ def _node_arguments(hosts: list[str], current_host: str) -> list[str]:
             str(MASTER_PORT)]  # fmt: skip
 
 
-def run_neurontrain(argv: list[str], cwd: Path | None = None) -> int:
-    """`python -m neurontrain ARGV` with this copy of the package first on the path; its exit code."""
+def run_neurontrain(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """`python -m neurontrain ARGV` with this copy of the package first on the path (and `env` added); its
+    exit code."""
     path = os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "neurontrain", *argv], env={**os.environ, "PYTHONPATH": path}, cwd=cwd
+        [sys.executable, "-m", "neurontrain", *argv], env={**os.environ, **(env or {}), "PYTHONPATH": path}, cwd=cwd
     ).returncode
 
 
@@ -211,6 +214,13 @@ def lightning_main(hps: dict[str, Any], hosts: list[str], current: str, env: dic
     return (runner or run_neurontrain)(argv, cwd=workdir)
 
 
+def resource_config(env: dict[str, str]) -> dict:
+    """/opt/ml/input/config/resourceconfig.json (under SAGEMAKER_BASE_DIR where the toolkit relocates /opt/ml)."""
+    base = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"))
+    path = base / "input" / "config" / "resourceconfig.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = None) -> int:
     env = dict(os.environ) if env is None else env
     try:
@@ -218,6 +228,14 @@ def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = 
         current = env.get("SM_CURRENT_HOST", hosts[0])
         if LIGHTNING_HP in hps:
             return lightning_main(hps, hosts, current, env, runner)
+        groups = recipe_from_hyperparameters(hps).get("cluster", {}).get("groups") or []
+        role = host_role(resource_config(env), groups) if groups else None
+        if role is not None and not role.is_head:
+            return run_member(
+                role,
+                port=int(env.get("NEURONTRAIN_RAY_PORT", RAY_PORT)),
+                ray_args=shlex.split(env.get("NEURONTRAIN_RAY_START_ARGS", "")),
+            )
         channels = {
             name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
             for name in json.loads(env.get("SM_CHANNELS", "[]"))
@@ -231,6 +249,8 @@ def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = 
     recipe_file = output_dir / "sagemaker-recipe.json"
     write_json_atomic(recipe_file, recipe)
     nproc = int(env.get("NEURONTRAIN_NPROC_PER_NODE", "1"))
+    if role is not None:
+        return head_main(role, str(recipe_file), output_dir, nproc, arguments, env, runner)
     first = current == hosts[0]
     follower = MetricsFollower(output_dir / "metrics.jsonl", sys.stdout) if first else None
     if follower:
@@ -246,3 +266,17 @@ def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = 
         data_dir = env.get("SM_OUTPUT_DATA_DIR")
         publish(output_dir, Path(env.get("SM_MODEL_DIR", "/opt/ml/model")), Path(data_dir) if data_dir else None)
     return code
+
+
+def head_main(role: HostRole, recipe_file: str, output_dir: Path, nproc: int, arguments: list[str],
+              env: dict[str, str], runner: Callable[..., int] | None = None) -> int:  # fmt: skip
+    """The first data host of a heterogeneous job: the Ray head and the run's driver (`run --launcher ray`);
+    the Trainium hosts run the workers, nproc each."""
+    argv = ["run", recipe_file, "--output-dir", str(output_dir), *arguments, "--launcher", "ray",
+            "--nproc-per-node", str(nproc), "--nnodes", str(len(role.trainium_hosts))]  # fmt: skip
+    return run_head(
+        role,
+        lambda ray_env: (runner or run_neurontrain)(argv, env=ray_env),
+        port=int(env.get("NEURONTRAIN_RAY_PORT", RAY_PORT)),
+        ray_args=shlex.split(env.get("NEURONTRAIN_RAY_START_ARGS", "")),
+    )

@@ -26,7 +26,7 @@ from neurontrain.data.service import LABEL_KEY
 from neurontrain.launch.sagemaker_groups import HostRole
 
 HOST_LABEL = "neurontrain-host"
-RAY_PORT = int(os.environ.get("NEURONTRAIN_RAY_PORT", "6379"))
+RAY_PORT = 6379  # the head's GCS port (Ray's default)
 
 
 def marker_path(host: str) -> Path:
@@ -102,9 +102,11 @@ def finish_cluster(address: str, head: str, code: int) -> list[str]:
 
     ray.init(address=address, logging_level="ERROR")
     try:
-        task = ray.remote(_write_marker).options(num_cpus=0, max_retries=0)
+        task = ray.remote(_write_marker)
         refs = [
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(code)
+            task.options(
+                num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote(code)
             for n in ray.nodes()
             if n["Alive"] and n["Labels"].get(HOST_LABEL) != head
         ]
@@ -162,6 +164,9 @@ def run_member(
     lost_since: float | None = None
     try:
         while not marker.exists():
+            if proc.poll() is not None:
+                print(f"neurontrain: error: this host's Ray node stopped (exit {proc.returncode})", file=sys.stderr)
+                return 1
             if _reachable(role.head, port):
                 lost_since = None
             elif (lost_since := lost_since or time.time()) + lost_head_seconds < time.time():
