@@ -152,6 +152,44 @@ def test_sagemaker_request_is_valid_for_the_api(capsys):
     assert request["ResourceConfig"]["InstanceCount"] == 2
 
 
+def test_heterogeneous_request_has_two_groups_and_the_data_channel_on_the_data_group(capsys):
+    """--data-instances: ResourceConfig.InstanceGroups (valid for the API: botocore's stubber), the data channel
+    limited to the data group, the other channels to every host, no distribution flag, Ray's auth mode set."""
+    import boto3
+    from botocore.stub import Stubber
+
+    request = _request(
+        capsys,
+        "--instance-count", "2",
+        "--data-instances", "ml.c5.18xlarge:3",
+        "--input", "train=s3://my-data/sets/train.jsonl",
+        "--input", "model=s3://my-data/models/base",
+        "--data-channel", "train",
+        "--set", "data.source=json",
+    )  # fmt: skip
+    client = boto3.client("sagemaker", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(client) as stub:
+        stub.add_response(
+            "create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-west-2:1:training-job/tiny-1"}, request
+        )
+        client.create_training_job(**request)
+    assert request["ResourceConfig"] == {
+        "InstanceGroups": [
+            {"InstanceGroupName": "data", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 3},
+            {"InstanceGroupName": "trainium", "InstanceType": "ml.trn1.32xlarge", "InstanceCount": 2},
+        ],
+        "VolumeSizeInGB": 512,
+    }
+    sources = {c["ChannelName"]: c["DataSource"]["S3DataSource"] for c in request["InputDataConfig"]}
+    assert sources["train"]["InstanceGroupNames"] == ["data"] and "InstanceGroupNames" not in sources["model"]
+    hp = request["HyperParameters"]
+    assert not any("distribut" in key for key in hp)
+    assert json.loads(hp["recipe.data.service.kind"]) == "ray"
+    assert [g["role"] for g in json.loads(hp["recipe.cluster.groups"])] == ["data", "trainium"]
+    assert request["Environment"]["RAY_AUTH_MODE"] == "disabled"
+    assert request["Environment"]["NEURONTRAIN_NPROC_PER_NODE"] == "32"
+
+
 @pytest.mark.parametrize(
     "instance, count, efa, workers",
     [
