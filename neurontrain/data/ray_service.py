@@ -43,7 +43,7 @@ class ServedData:
     """The tokenized data as the two sides hold it: the ids on a data node, the lengths here; and how the
     training workers stream from it."""
 
-    ids: Any  # ObjectRef of the PreparedData with every id, kept in the preparing data node's object store
+    ids: Any  # ObjectRef of the TrainIds, kept in the preparing data node's object store
     lengths: PreparedData  # the same without the training ids
     spec: DataServiceSpec
     record_dir: Path | None = None  # where each worker's stream record goes (data_service/rank_R.json)
@@ -56,9 +56,19 @@ def selector(role_label: str) -> dict[str, str]:
     return {LABEL_KEY: role_label}
 
 
-def _prepare(recipe: Recipe) -> tuple[PreparedData, PreparedData]:
+@dataclass
+class TrainIds:
+    """What the collation actors need of the tokenized data (not the tokenizer: unpickling it would import
+    transformers in every actor)."""
+
+    ids: list[list[int]]
+    labels: list[int] | None
+
+
+def _prepare(recipe: Recipe) -> tuple[TrainIds, PreparedData]:
     data = prepare_data(recipe)
-    return data, data.without_train_ids()
+    assert data.train_ids is not None
+    return TrainIds(data.train_ids, data.train_labels), data.without_train_ids()
 
 
 def prepare_on_data_nodes(recipe: Recipe, record_dir: Path | None = None) -> ServedData:
@@ -76,14 +86,13 @@ class CollateWorkerRows:
 
     def __init__(self, ids: list, collation: Collation) -> None:
         ray = import_ray()
-        data: PreparedData = ray.get(ids[0])
-        assert data.train_ids is not None
+        data: TrainIds = ray.get(ids[0])
         # the plan's lengths may be shorter (fixed buckets below data.max_length): cut the ids as planning did
         limits = collation.batcher.lengths
-        token_ids = [row[:limit] for row, limit in zip(data.train_ids, limits, strict=True)]
+        token_ids = [row[:limit] for row, limit in zip(data.ids, limits, strict=True)]
         self.collate = Collator(
             token_ids,
-            data.train_labels,
+            data.labels,
             collation.task,
             collation.batch_size,
             collation.pad_id,
