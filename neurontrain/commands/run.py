@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         _show_memory(plan)
         return 0
     if args.launcher == "ray":
-        summary = train_on_ray(
+        figures = train_on_ray(
             recipe,
             output_dir,
             topology,
@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
             init_from=init_from,
             local_sizes=_local_sizes(args),
         )
-    elif launching:
+        print(json.dumps(figures))
+        return 0
+    if launching:
         workers = worker_argv(argparse.Namespace(**{**vars(args), "output_dir": str(output_dir)}))
         summary = train_workers(recipe, output_dir, topology, ["run", *workers])
     else:

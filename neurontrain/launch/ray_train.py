@@ -26,7 +26,6 @@ from neurontrain.launch.run import train_as_worker
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
 from neurontrain.loop.planning import make_plan
-from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
@@ -118,8 +117,9 @@ def train_on_ray(
     preflight_check: bool,
     init_from: InitialCheckpoint | None,
     local_sizes: dict[str, int] | None,
-) -> RunSummary | None:
-    """Train `topology.world` workers on the cluster's trainium nodes; returns the summary worker 0 wrote."""
+) -> dict:
+    """Train `topology.world` workers on the cluster's trainium nodes; returns the main figures of the summary
+    (worker 0 reports them to the driver; summary.json is on worker 0's host)."""
     ray = import_ray()
     backend = resolve_backend_name(recipe.runtime.backend)
     world, spec = topology.world, recipe.data.service
@@ -132,14 +132,15 @@ def train_on_ray(
         plan = make_plan(recipe, backend, world=world, data=served.lengths if served else None)
         if served is not None:
             _probe(served, plan.collation(0))
-        _fit(recipe, output_dir, topology, served, preflight_check, init_from, resource)
+        figures = _fit(recipe, output_dir, topology, served, preflight_check, init_from, resource)
         if served is not None:
             where = placement(ray.nodes())
+            (output_dir / "data_service").mkdir(parents=True, exist_ok=True)
             (output_dir / "data_service" / "placement.json").write_text(json.dumps(where, indent=1))
             log.info(f"data service: tasks and actors by node role: {where}")
     finally:
         cluster.close()
-    return read_summary(output_dir)
+    return figures
 
 
 def _serve(recipe: Recipe, output_dir: Path) -> ServedData:
@@ -169,7 +170,7 @@ def _fit(
     preflight_check: bool,
     init_from: InitialCheckpoint | None,
     resource: str,
-) -> None:
+) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig  # lazy: the optional extra
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # lazy: the optional extra
 
@@ -197,7 +198,7 @@ def _fit(
         ),
     )
     try:
-        trainer.fit()
+        return dict(trainer.fit().metrics or {})
     except Exception as exc:  # Ray Train's TrainingFailedError wraps the worker's error
         raise RuntimeError(f"the Ray Train workers failed: {_first_line(exc)}") from None
 
