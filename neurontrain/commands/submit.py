@@ -72,6 +72,13 @@ def _add_slurm_arguments(slurm: argparse.ArgumentParser) -> None:
     slurm.add_argument("--time", dest="time_limit", help="Slurm time limit, e.g. 12:00:00")
     slurm.add_argument("--account")
     slurm.add_argument("--max-restarts", type=int, default=1)
+    slurm.add_argument(
+        "--data-nodes",
+        type=int,
+        default=0,
+        help="a heterogeneous job: this many more nodes (the job's first ones) make the batches through Ray "
+        "(data.service.kind ray) for the --nodes Trainium nodes",
+    )
     slurm.add_argument("--master-port", type=int, default=29500, help="rendezvous port on the first node")
     slurm.add_argument(
         "--node-cache-dir",
@@ -144,10 +151,13 @@ def _slurm_recipe_job(args: argparse.Namespace) -> SlurmJob:
     recipe = load_job_recipe(args.recipe, [*recipe_overrides(args), *cache])
     output_dir = Path(args.output_dir or Path("runs") / recipe.name).resolve()
     # the nodes read the recipe and write the run on the shared file system: absolute paths
+    served = ["data.service.kind=ray"] if args.data_nodes else []
+    if served:
+        load_job_recipe(args.recipe, [*recipe_overrides(args), *cache, *served])
     on_nodes = {
         "recipe": str(Path(args.recipe).resolve()),
         "output_dir": str(output_dir),
-        "overrides": [*args.overrides, *cache],
+        "overrides": [*args.overrides, *cache, *served],
     }
     job = options_from(
         SlurmJob,
@@ -165,6 +175,7 @@ def _slurm_lightning_job(args: argparse.Namespace) -> SlurmJob:
     """The job of a Lightning script: every node runs `neurontrain run --lightning "SCRIPT ARGS"` (the script by
     its absolute path; its own arguments as given, read in the job's working directory, the submit directory)."""
     refused = recipe_options_given(args, output_dir=False) + (["--compile-cache"] if args.compile_cache else [])
+    refused += ["--data-nodes"] if args.data_nodes else []
     if refused:
         raise UsageError(
             f"--lightning takes the script's own arguments inside its quotes; {', '.join(refused)} belong to a "

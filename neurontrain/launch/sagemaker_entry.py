@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
+from neurontrain.launch.ray_hosts import RAY_PORT, HostRole, run_head, run_member
 from neurontrain.launch.sagemaker import (
     CHANNEL_ROOT,
     CHECKPOINT_DIR,
@@ -35,8 +36,7 @@ from neurontrain.launch.sagemaker import (
     METRIC_PREFIX,
     RUN_ARGS_HP,
 )
-from neurontrain.launch.sagemaker_groups import HostRole, host_role
-from neurontrain.launch.sagemaker_ray import RAY_PORT, run_head, run_member
+from neurontrain.launch.sagemaker_groups import host_role
 
 MASTER_PORT = 29500
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding this copy of the neurontrain package

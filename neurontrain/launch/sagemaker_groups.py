@@ -12,9 +12,9 @@ with its role as node label.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from neurontrain.errors import UsageError
+from neurontrain.launch.ray_hosts import HostRole
 
 DEFAULT_NAMES = {"data": "data", "trainium": "trainium"}
 HOMOGENEOUS = "homogeneousCluster"  # the group name SageMaker gives a job without instance groups
@@ -56,25 +56,6 @@ def instance_groups(recipe: dict) -> list[dict]:
         {"InstanceGroupName": g["name"], "InstanceType": g["instance_type"], "InstanceCount": g["count"]}
         for g in recipe["cluster"]["groups"]
     ]
-
-
-@dataclass(frozen=True)
-class HostRole:
-    """This host's part in a heterogeneous job."""
-
-    host: str
-    role: str  # data or trainium
-    head: str  # the first data host: Ray head and the run's driver
-    data_hosts: tuple[str, ...]
-    trainium_hosts: tuple[str, ...]
-
-    @property
-    def is_head(self) -> bool:
-        return self.host == self.head
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        return self.data_hosts + self.trainium_hosts
 
 
 def host_role(resource_config: dict, groups: list[dict]) -> HostRole | None:

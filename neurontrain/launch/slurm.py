@@ -43,6 +43,7 @@ class SlurmJob:
     master_port: int = 29500
     node_cache_dir: str = NODE_CACHE_DIR
     extra_env: dict[str, str] = field(default_factory=dict)
+    data_nodes: int = 0  # a heterogeneous job: the first data_nodes hosts make the batches (Ray), the rest train
 
     @property
     def workers_per_node(self) -> int:
@@ -51,6 +52,8 @@ class SlurmJob:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.workers_per_node < 1:
             raise UsageError("--nodes and --nproc-per-node must be at least 1")
+        if self.data_nodes < 0:
+            raise UsageError("--data-nodes must be 0 or more")
         if self.max_restarts < 0:
             raise UsageError("--max-restarts must be 0 or more")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.job_name):
@@ -80,7 +83,7 @@ def _header(job: SlurmJob) -> list[str]:
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job.job_name}",
-        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --nodes={job.nodes + job.data_nodes}",
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --exclusive",
         f'#SBATCH --output="{job.output_dir}/slurm-%j.out"',
@@ -93,20 +96,33 @@ def _header(job: SlurmJob) -> list[str]:
     return lines
 
 
-def _node_function(job: SlurmJob) -> list[str]:
-    """What srun runs once on every node (an exported bash function: the environment carries it)."""
+def _run_lines(job: SlurmJob, start: str) -> list[str]:
+    """`start` and `run`'s worker arguments, one line per option (the recipe on the first)."""
     q = shlex.quote
-    run = ['exec "$PYTHON" -m neurontrain run']
+    run = [start]
     for word in job.run_argv:  # one line per option, the recipe on the first
         if word.startswith("--"):
             run.append(q(word))
         else:
             run[-1] += f" {q(word)}"
-    run += [
-        f'--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node={job.workers_per_node}',
-        f'--master-addr="$MASTER_ADDR" --master-port={job.master_port}',
-        f"--max-restarts={job.max_restarts}",
-    ]
+    return run
+
+
+def _node_function(job: SlurmJob) -> list[str]:
+    """What srun runs once on every node (an exported bash function: the environment carries it)."""
+    if job.data_nodes:
+        run = _run_lines(job, 'exec "$PYTHON" -m neurontrain.launch.ray_node "$SLURMD_NODENAME" -- run')
+        run += [
+            f"--launcher=ray --nnodes={job.nodes} --nproc-per-node={job.workers_per_node}",
+            f"--max-restarts={job.max_restarts}",
+        ]
+    else:
+        run = _run_lines(job, 'exec "$PYTHON" -m neurontrain run')
+        run += [
+            f'--nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" --nproc-per-node={job.workers_per_node}',
+            f'--master-addr="$MASTER_ADDR" --master-port={job.master_port}',
+            f"--max-restarts={job.max_restarts}",
+        ]
     return [
         "neurontrain_node() {",
         f'  ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
@@ -122,6 +138,24 @@ def _node_function(job: SlurmJob) -> list[str]:
         "  " + " \\\n    ".join(run),
         "}",
         "export -f neurontrain_node",
+    ]
+
+
+def _ray_lines(job: SlurmJob) -> list[str]:
+    """A heterogeneous job's hosts (the first data_nodes make batches; Ray's head on the first), and Ray's token
+    authentication with a token of this job's own in the shared output directory (a Slurm cluster's network is
+    shared with other users' jobs)."""
+    token = f"{job.output_dir}/.ray-auth-token-$SLURM_JOB_ID"
+    return [
+        "",
+        f"# The first {job.data_nodes} host(s) make the batches (Ray head on the first), the other {job.nodes} train.",
+        'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        f'export NEURONTRAIN_DATA_HOSTS=$(echo "$hosts" | head -n {job.data_nodes} | paste -sd, -)',
+        f'export NEURONTRAIN_TRAINIUM_HOSTS=$(echo "$hosts" | tail -n +{job.data_nodes + 1} | paste -sd, -)',
+        'export NEURONTRAIN_HEAD_ADDRESS="$MASTER_ADDR"',
+        f'(umask 077 && "${{NEURONTRAIN_PYTHON:-{shlex.quote(job.python)}}}" -c '
+        f"'import secrets; print(secrets.token_hex(32))' > \"{token}\")",
+        f'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token}"',
     ]
 
 
@@ -145,13 +179,16 @@ def render_sbatch(job: SlurmJob) -> str:
         f'export NEURON_RT_ROOT_COMM_ID="$MASTER_ADDR:{ROOT_COMM_PORT}"',
     ]
     lines += [f"export {key}={q(value)}" for key, value in env.items()]
+    lines += _ray_lines(job) if job.data_nodes else []
     lines.append(f"export PYTHON=${{NEURONTRAIN_PYTHON:-{q(job.python)}}}")
     lines += [""] + _node_function(job)
     logs = job.output_dir / "logs"
     lines += [
         "",
         f'mkdir -p {q(str(logs))}/"$SLURM_JOB_ID"',
-        f'echo "neurontrain: node logs in {logs}/$SLURM_JOB_ID/node-<N>.log; rank 0 on $first_node ($MASTER_ADDR)"',
+        f'echo "neurontrain: node logs in {logs}/$SLURM_JOB_ID/node-<N>.log; '
+        + ("Ray head and driver" if job.data_nodes else "rank 0")
+        + ' on $first_node ($MASTER_ADDR)"',
         'srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \\',
         f"    --output={q(str(logs))}/%j/node-%n.log bash -c neurontrain_node",
         "",

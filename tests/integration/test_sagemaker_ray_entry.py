@@ -8,10 +8,10 @@ from pathlib import Path
 
 from conftest import RECIPES, _free_port
 
+from neurontrain.launch.ray_hosts import marker_path
 from neurontrain.launch.sagemaker import recipe_hyperparameters
 from neurontrain.launch.sagemaker_entry import main
 from neurontrain.launch.sagemaker_groups import with_groups
-from neurontrain.launch.sagemaker_ray import marker_path
 from neurontrain.recipe import load_recipe
 
 HOSTS = {"data": "127.0.0.1", "trainium": "localhost"}

@@ -1,4 +1,4 @@
-"""Inside a heterogeneous SageMaker job: every host's part of the Ray cluster, and its end.
+"""Every host's part of a heterogeneous job's Ray cluster, and its end (SageMaker's entry and Slurm's nodes).
 
 The first data host starts the Ray head (`ray start --head --block`, node label neurontrain-role=data), waits
 for every host of the job to join, runs the training driver (`neurontrain run --launcher ray` with RAY_ADDRESS
@@ -20,13 +20,37 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from neurontrain.data.service import LABEL_KEY
-from neurontrain.launch.sagemaker_groups import HostRole
 
 HOST_LABEL = "neurontrain-host"
 RAY_PORT = 6379  # the head's GCS port (Ray's default)
+
+
+@dataclass(frozen=True)
+class HostRole:
+    """This host's part in a heterogeneous job."""
+
+    host: str
+    role: str  # data or trainium
+    head: str  # the first data host: Ray head and the run's driver
+    data_hosts: tuple[str, ...]
+    trainium_hosts: tuple[str, ...]
+    head_address: str | None = None  # where the others reach the head, if not at its host name
+
+    @property
+    def is_head(self) -> bool:
+        return self.host == self.head
+
+    @property
+    def reach(self) -> str:
+        return self.head_address or self.head
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.data_hosts + self.trainium_hosts
 
 
 def marker_path(host: str) -> Path:
@@ -36,7 +60,7 @@ def marker_path(host: str) -> Path:
 
 def ray_start_argv(role: HostRole, port: int, extra: list[str]) -> list[str]:
     labels = f"{LABEL_KEY}={role.role},{HOST_LABEL}={role.host}"
-    where = ["--head", "--port", str(port)] if role.is_head else ["--address", f"{role.head}:{port}"]
+    where = ["--head", "--port", str(port)] if role.is_head else ["--address", f"{role.reach}:{port}"]
     return [sys.executable, "-m", "ray.scripts.scripts", "start", *where, "--labels", labels, "--block",
             "--disable-usage-stats", *extra]  # fmt: skip
 
@@ -124,7 +148,7 @@ def run_head(
     join_timeout: float = 900.0,
 ) -> int:
     """The first data host: Ray head, wait for the hosts, the driver (given RAY_ADDRESS), then the end."""
-    address = f"{role.head}:{port}"
+    address = f"{role.reach}:{port}"
     proc = _start_ray(role, port, ray_args or [])
     code = 1
     try:
@@ -155,9 +179,9 @@ def run_member(
     marker = marker_path(role.host)
     marker.unlink(missing_ok=True)
     deadline = time.time() + join_timeout
-    while not _reachable(role.head, port):
+    while not _reachable(role.reach, port):
         if time.time() > deadline:
-            print(f"neurontrain: error: the Ray head {role.head}:{port} never came up", file=sys.stderr)
+            print(f"neurontrain: error: the Ray head {role.reach}:{port} never came up", file=sys.stderr)
             return 1
         time.sleep(poll)
     proc = _start_ray(role, port, ray_args or [])
@@ -167,7 +191,7 @@ def run_member(
             if proc.poll() is not None:
                 print(f"neurontrain: error: this host's Ray node stopped (exit {proc.returncode})", file=sys.stderr)
                 return 1
-            if _reachable(role.head, port):
+            if _reachable(role.reach, port):
                 lost_since = None
             elif (lost_since := lost_since or time.time()) + lost_head_seconds < time.time():
                 print(f"neurontrain: error: the Ray head {role.head} is gone and said nothing", file=sys.stderr)
