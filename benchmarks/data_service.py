@@ -14,7 +14,8 @@ batch, on a loopback cluster of a data node and a trainium node (`--local-cluste
 `cluster_start_seconds`: the loopback cluster's start and join. Training (`--train-rounds`, 0 to skip): the
 same recipe for --train-steps steps, `run --nproc-per-node 2` against `run --launcher ray` with the service,
 each a fresh process; steps/s from the trainer's own wall time (summary.json: compiles included) and the run's
-wall time (cluster start and tokenizing on the data node included for the service).
+wall time (cluster start and tokenizing on the data node included for the service), and the steady state: the
+median tokens/s of the logged windows after the first third of the steps (metrics.jsonl).
 
 What 2 cores can show: the data node, the trainium node and the driver share the same two cores, so the service
 cannot take work off the training cores here; it shows what the service costs (start-up, transfer) and that it
@@ -131,7 +132,13 @@ def train_once(served: bool, steps: int, out: Path) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"run failed: {done.stderr.strip().splitlines()[-1]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"trainer_steps_per_second": steps / summary["wall_seconds"], "run_steps_per_second": steps / wall}
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steady = [r["tokens_per_second"] for r in logged if "tokens_per_second" in r and r["step"] > steps // 3]
+    return {
+        "trainer_steps_per_second": steps / summary["wall_seconds"],
+        "run_steps_per_second": steps / wall,
+        "steady_tokens_per_second": statistics.median(steady),
+    }
 
 
 def train(steps: int, rounds: int) -> dict:
@@ -144,9 +151,8 @@ def train(steps: int, rounds: int) -> dict:
     out = {}
     for name, rows in runs.items():
         out[name] = {key: round(statistics.median(row[key] for row in rows), 3) for key in rows[0]}
-    out["service_vs_torchrun_trainer"] = round(
-        out["service"]["trainer_steps_per_second"] / out["torchrun"]["trainer_steps_per_second"], 3
-    )
+    for key in ("trainer_steps_per_second", "steady_tokens_per_second"):
+        out[f"service_vs_torchrun_{key}"] = round(out["service"][key] / out["torchrun"][key], 3)
     return out
 
 
