@@ -190,6 +190,33 @@ def test_heterogeneous_request_has_two_groups_and_the_data_channel_on_the_data_g
     assert request["Environment"]["NEURONTRAIN_NPROC_PER_NODE"] == "32"
 
 
+def test_sbatch_with_data_nodes_splits_the_hosts_and_runs_a_ray_node_on_each(tmp_path, capsys):
+    from neurontrain.launch.ray_node import role_from
+
+    code, out, err = cli_in_process(
+        capsys, "submit", "slurm", LLAMA, "--nodes", "2", "--data-nodes", "1", "--instance-type", "trn1",
+        "-o", str(tmp_path), "--job-name", "het", "--set", "data.batch_size=1",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["workers"] == 64, err
+    script = (tmp_path / "het.sbatch").read_text()
+    assert "#SBATCH --nodes=3" in script
+    assert 'NEURONTRAIN_DATA_HOSTS=$(echo "$hosts" | head -n 1' in script
+    assert 'NEURONTRAIN_TRAINIUM_HOSTS=$(echo "$hosts" | tail -n +2' in script
+    assert "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=" in script and "umask 077" in script
+    node = script[script.index("neurontrain_node() {") :]
+    assert '-m neurontrain.launch.ray_node "$SLURMD_NODENAME" -- run' in node
+    assert "--set data.service.kind=ray" in node and "--launcher=ray --nnodes=2 --nproc-per-node=32" in node
+    env = {"NEURONTRAIN_DATA_HOSTS": "c1", "NEURONTRAIN_TRAINIUM_HOSTS": "t1,t2"}
+    env["NEURONTRAIN_HEAD_ADDRESS"] = "10.0.0.1"
+    head, member = role_from("c1", env), role_from("t2", env)
+    assert head.is_head and head.role == "data" and head.reach == "10.0.0.1"
+    assert not member.is_head and member.role == "trainium" and member.hosts == ("c1", "t1", "t2")
+    message = _usage_error(
+        capsys, "submit", "slurm", "--lightning", "train.py", "--nodes", "1", "--data-nodes", "1", "-o", str(tmp_path)
+    )
+    assert "--data-nodes" in message
+
+
 @pytest.mark.parametrize(
     "instance, count, efa, workers",
     [
