@@ -42,6 +42,8 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 def run(args: argparse.Namespace) -> int:
     if args.lightning is not None:
+        if args.launcher == "ray" or args.local_cluster:
+            raise UsageError("--lightning starts the script through torchrun; --launcher ray takes a RECIPE")
         run_lightning(args.lightning, topology_from(args), recipe_options_given(args))
         return 0
     if args.recipe is None:

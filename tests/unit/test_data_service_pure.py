@@ -221,9 +221,11 @@ def test_dry_run_shows_groups_labels_and_that_lockstep_holds(capsys):
         (["--set", "data.service.kind=ray"], "data.service.kind ray feeds workers that Ray starts: add --launcher ray"),
         (["--local-cluster", "data=1,trainium=1"], "--local-cluster starts a Ray cluster for --launcher ray"),
         (["--launcher", "ray", "--local-cluster", "data=1"], "--local-cluster 'data=1': name both roles"),
+        (["--lightning", "train.py", "--launcher", "ray"], "--lightning starts the script through torchrun"),
     ],
 )
 def test_ray_options_refused_with_one_line(capsys, tmp_path, args, message):
-    code, _, err = cli_in_process(capsys, "run", LLAMA, "-o", str(tmp_path / "out"), *args)
+    recipe = [] if "--lightning" in args else [LLAMA, "-o", str(tmp_path / "out")]
+    code, _, err = cli_in_process(capsys, "run", *recipe, *args)
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith(f"neurontrain: error: {message}"), err
