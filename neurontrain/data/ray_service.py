@@ -16,15 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.data.collate import Collator
-from neurontrain.data.service import (
-    LABEL_KEY,
-    BatchIndex,
-    Collation,
-    StreamRecord,
-    decode_row,
-    encode_row,
-    in_lockstep,
-)
+from neurontrain.data.rows import decode_row, encode_row
+from neurontrain.data.service import LABEL_KEY, BatchIndex, Collation, StreamRecord, in_lockstep
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.recipe import DataServiceSpec, Recipe

@@ -1,4 +1,5 @@
-"""The data service's pure parts: batches by position, rows in and out, the lockstep check, sizing.
+"""The data service's pure parts: batches by position, the lockstep check, sizing (no torch: `submit` reads the
+label from here). Rows in and out are `data/rows.py`.
 
 A service stream is one training worker's micro-batches, in plan order from a data position: row p holds the
 worker's rows of the plan's global batch p, its padded length and the node that made it. Every worker's stream
@@ -11,14 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
 from neurontrain.data.batching import Batcher, IndexBatch
 
 LABEL_KEY = "neurontrain-role"  # the node label a Ray node's role is read from
-HOST_INTS = ("real_tokens", "loss_items")  # collated values that stay host ints
-_ROW_KEYS = ("position", "length", "produced_on")
 
 
 class BatchIndex:
@@ -36,29 +32,6 @@ class BatchIndex:
         if self._epoch is None or self._epoch[0] != epoch:
             self._epoch = (epoch, self.batcher.epoch(epoch))
         return self._epoch[1][offset]
-
-
-def encode_row(position: int, batch: dict, produced_on: str) -> dict[str, np.ndarray]:
-    """One collated micro-batch as a one-row batch of columns (the leading dimension is the row)."""
-    row: dict[str, np.ndarray] = {
-        "position": np.array([position], dtype=np.int64),
-        "length": np.array([batch["input_ids"].shape[1]], dtype=np.int64),
-        "produced_on": np.array([produced_on]),
-    }
-    for key, value in batch.items():
-        row[key] = np.array([value], dtype=np.int64) if key in HOST_INTS else value.numpy()[None]
-    return row
-
-
-def decode_row(row: dict) -> tuple[int, str, dict]:
-    """(position, node that made it, the micro-batch as the collator gave it) from a one-row batch."""
-    batch: dict = {}
-    for key, value in row.items():
-        if key in _ROW_KEYS:
-            continue
-        # a copy: the arrays Ray hands over are read-only
-        batch[key] = int(value[0]) if key in HOST_INTS else torch.from_numpy(np.array(value[0]))
-    return int(row["position"][0]), str(row["produced_on"][0]), batch
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from neurontrain.loop.plan_description import describe_plan
 from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.loop.tp_workers import join_tensor_parallel
-from neurontrain.loop.trainer import Trainer
+from neurontrain.loop.trainer import BatchSource, Trainer
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
@@ -110,10 +110,8 @@ def train_as_worker(
         if dp.enabled:
             manifest = dp.all_gather_object(manifest)[0]
         workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
-        trainer = _trainer(plan, backend, output_dir, manifest, workers, init_from)
-        if service is not None:
-            trainer.batch_source = service.source_for(plan.collation(workers.rank))
-        return trainer.run()
+        source = service.source_for(plan.collation(workers.rank)) if service is not None else None
+        return _trainer(plan, backend, output_dir, manifest, workers, init_from, source).run()
     finally:
         dp.close()
 
@@ -143,6 +141,7 @@ def _trainer(
     manifest: set[str] | None,
     dp: DataParallel,
     init_from: InitialCheckpoint | None = None,
+    batch_source: BatchSource | None = None,
 ) -> Trainer:
     return Trainer(
         plan,
@@ -152,6 +151,7 @@ def _trainer(
         dp=dp,
         graph_identifier=lambda tensors: graph_id(graph_hlo(tensors)[0]),
         extracting=extraction_mode(),
+        batch_source=batch_source,
         **({} if init_from is None else initial_loaders(init_from, dp)),
     )
 

@@ -231,11 +231,7 @@ def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = 
         groups = recipe_from_hyperparameters(hps).get("cluster", {}).get("groups") or []
         role = host_role(resource_config(env), groups) if groups else None
         if role is not None and not role.is_head:
-            return run_member(
-                role,
-                port=int(env.get("NEURONTRAIN_RAY_PORT", RAY_PORT)),
-                ray_args=shlex.split(env.get("NEURONTRAIN_RAY_START_ARGS", "")),
-            )
+            return member_main(role, env)
         channels = {
             name: env.get(f"SM_CHANNEL_{name.upper()}", f"{CHANNEL_ROOT}/{name}")
             for name in json.loads(env.get("SM_CHANNELS", "[]"))
@@ -280,3 +276,18 @@ def head_main(role: HostRole, recipe_file: str, output_dir: Path, nproc: int, ar
         port=int(env.get("NEURONTRAIN_RAY_PORT", RAY_PORT)),
         ray_args=shlex.split(env.get("NEURONTRAIN_RAY_START_ARGS", "")),
     )
+
+
+def member_main(role: HostRole, env: dict[str, str]) -> int:
+    """Any other host of a heterogeneous job: a Ray node until the head says training ended; then, on the
+    Trainium host where worker 0 wrote the run, the model and summary go where SageMaker uploads them."""
+    code = run_member(
+        role,
+        port=int(env.get("NEURONTRAIN_RAY_PORT", RAY_PORT)),
+        ray_args=shlex.split(env.get("NEURONTRAIN_RAY_START_ARGS", "")),
+    )
+    output_dir = _checkpoint_dir(env)
+    if code == 0 and (output_dir / "summary.json").is_file():
+        data_dir = env.get("SM_OUTPUT_DATA_DIR")
+        publish(output_dir, Path(env.get("SM_MODEL_DIR", "/opt/ml/model")), Path(data_dir) if data_dir else None)
+    return code

@@ -1,6 +1,7 @@
 """The entry script of a heterogeneous SageMaker job on two "hosts" of this machine (127.0.0.1 in the data group,
 localhost in the trainium group), each with its own resourceconfig.json: real `ray start` nodes, the head's
-driver replaced by a stand-in that looks at the cluster it is given, then every host torn down."""
+driver replaced by a stand-in that looks at the cluster it is given (and leaves a run where worker 0 would), then
+every host torn down and the run published from the host that holds it."""
 
 import json
 import threading
@@ -59,6 +60,8 @@ def test_heterogeneous_hosts_take_their_roles_and_every_host_is_torn_down(tmp_pa
         role: {
             **common,
             "SM_CURRENT_HOST": host,
+            "SM_MODEL_DIR": str(tmp_path / host / "model"),
+            "SM_OUTPUT_DATA_DIR": str(tmp_path / host / "output-data"),
             "SAGEMAKER_BASE_DIR": str(_resource_config(tmp_path, host, role, spelling)),
         }
         for (role, host), spelling in zip(HOSTS.items(), ("current_group_name", "current_instance_group"))
@@ -69,6 +72,10 @@ def test_heterogeneous_hosts_take_their_roles_and_every_host_is_torn_down(tmp_pa
         import ray
 
         seen["argv"], seen["address"] = argv, env["RAY_ADDRESS"]
+        run = tmp_path / HOSTS["trainium"] / "checkpoints"  # worker 0 writes the run on its Trainium host
+        (run / "model").mkdir(parents=True)
+        (run / "model" / "model.safetensors").write_bytes(b"weights")
+        (run / "summary.json").write_text("{}")
         ray.init(address=env["RAY_ADDRESS"], logging_level="ERROR")
         try:
             seen["nodes"] = sorted(
@@ -91,3 +98,7 @@ def test_heterogeneous_hosts_take_their_roles_and_every_host_is_torn_down(tmp_pa
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert not _ray_processes(port), "a Ray process of the job outlived it"
     assert not marker_path("localhost").exists()
+    # the Trainium host that holds worker 0's run publishes it; the head has none
+    assert (tmp_path / "localhost" / "model" / "model.safetensors").read_bytes() == b"weights"
+    assert (tmp_path / "localhost" / "output-data" / "summary.json").exists()
+    assert not (tmp_path / "127.0.0.1" / "model").exists()

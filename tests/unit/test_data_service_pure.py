@@ -11,15 +11,8 @@ from conftest import RECIPES, cli_in_process
 
 from neurontrain.data.batching import Batcher, IndexBatch
 from neurontrain.data.collate import Collator
-from neurontrain.data.service import (
-    BatchIndex,
-    LockstepError,
-    StreamRecord,
-    decode_row,
-    encode_row,
-    in_lockstep,
-    local_cluster_sizes,
-)
+from neurontrain.data.rows import decode_row, encode_row
+from neurontrain.data.service import BatchIndex, LockstepError, StreamRecord, in_lockstep, local_cluster_sizes
 from neurontrain.errors import UsageError
 from neurontrain.launch.ray_cluster import check_roles, count_placement
 from neurontrain.launch.ray_train import torchrun_environment
