@@ -28,9 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # whole files to the two workers in collection order, and a heavy file collected last keeps one worker busy while
 # the other waits. Order only: every module still runs.
 HEAVY_FIRST = (
+    "test_scaleout.py",
     "test_neuron_runtime.py",
     "test_training.py",
-    "test_scaleout.py",
     "test_native.py",
     "test_native_parallel.py",
     "test_lightning.py",

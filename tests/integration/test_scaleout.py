@@ -1,5 +1,7 @@
 """Data-parallel runs with real torchrun workers on XLA:CPU (gloo between them), elastic restart after a
-SIGKILL, bad combinations, and a real Slurm (two nodes on this machine) running the generated sbatch script."""
+SIGKILL, bad combinations, a real Slurm (two nodes on this machine) running the generated sbatch script, and
+the same runs with their batches made on the data node of a loopback Ray cluster (`run --launcher ray
+--local-cluster data=1,trainium=1`, data.service.kind ray) compared with them."""
 
 import json
 import resource
@@ -7,7 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, read_json, read_metrics, run_cli, run_killing_a_worker
+from conftest import RECIPES, ray_train_worker_pids, read_json, read_metrics, run_cli, run_killing_a_worker
+
+from neurontrain.loop.planning import make_plan
+from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -133,36 +138,119 @@ def test_two_llama_workers_match_one_worker_with_the_same_global_batch(llama_two
     assert {c["check"] for c in preflight[0]["ranks"][1]["checks"]} >= {"device matmul", "all_reduce", "all_gather"}
 
 
-@pytest.mark.parametrize("packing", ["off", "on"])
-def test_two_bert_workers_match_one_worker(tmp_path, packing):
+def _bert_args(packing: str) -> list[str]:
     # Dropout off: a mask drawn per worker cannot equal a mask drawn for the whole batch. Packed: each worker
     # takes 8 of the 16 rows, and the loss is the mean over the documents of all of them.
-    common = [
-        "--set",
-        f"data.packing={packing}",
-        "--no-preflight",
-        "--set",
-        "train.max_steps=12",
-        "--set",
-        "train.log_every=1",
-        "--set",
-        "checkpoint.every=0",
-        "--set",
-        "data.buckets=[128]",
-        "--set",
-        "model.config.hidden_dropout_prob=0",
-        "--set",
-        "model.config.attention_probs_dropout_prob=0",
-    ]
-    one, two = tmp_path / "one", tmp_path / "two"
-    r1 = run_cli("run", BERT, "-o", str(one), "--set", "data.batch_size=16", *common)
-    r2 = run_cli("run", BERT, "-o", str(two), "--nproc-per-node", "2", "--set", "data.batch_size=8", *common)
+    sets = [f"data.packing={packing}", "train.max_steps=12", "train.log_every=1", "checkpoint.every=0",
+            "data.buckets=[32,64,128]", "model.config.hidden_dropout_prob=0",
+            "model.config.attention_probs_dropout_prob=0"]  # fmt: skip
+    return ["--no-preflight", *(x for value in sets for x in ("--set", value))]
+
+
+def _two_workers(packing: str) -> list[str]:
+    return ["--set", "data.batch_size=8", *_bert_args(packing)]
+
+
+@pytest.fixture(scope="module")
+def bert_two_workers(tmp_path_factory) -> Path:
+    """The 2-worker tiny-BERT run (buckets 32/64/128, no packing) that the one-worker run and the served run
+    compare against."""
+    two = tmp_path_factory.mktemp("bert") / "two"
+    result = run_cli(
+        "run", BERT, "-o", str(two), "--nproc-per-node", "2", "--set", "data.batch_size=8", *_bert_args("off")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return two
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_two_bert_workers_match_one_worker(tmp_path, packing, request):
+    one = tmp_path / "one"
+    r1 = run_cli("run", BERT, "-o", str(one), "--set", "data.batch_size=16", *_bert_args(packing))
     assert r1.returncode == 0, r1.stderr[-3000:]
-    assert r2.returncode == 0, r2.stderr[-3000:]
+    if packing == "off":
+        two = request.getfixturevalue("bert_two_workers")
+    else:
+        two = tmp_path / "two"
+        r2 = run_cli(
+            "run", BERT, "-o", str(two), "--nproc-per-node", "2", "--set", "data.batch_size=8", *_bert_args(packing)
+        )
+        assert r2.returncode == 0, r2.stderr[-3000:]
     _assert_curves_match(one, two, 12)
     s1, s2 = read_json(one / "summary.json"), read_json(two / "summary.json")
     assert abs(s1["eval_loss"] - s2["eval_loss"]) < 1e-3 * s1["eval_loss"]
     assert s1["eval_accuracy"] == s2["eval_accuracy"]
+
+
+# -- heterogeneous: the same runs with their batches made on a Ray data node ------------------------------------
+RAY = ["--launcher", "ray", "--local-cluster", "data=1,trainium=1", "--set", "data.service.kind=ray"]
+# Ray Train's own actors and their calls (the worker group, its controller and helpers); anything else on the
+# trainium node would be Ray Data's
+RAY_TRAIN = tuple(
+    f"{kind} {name}"
+    for kind in ("actor", "task")
+    for name in ("RayTrainWorker", "execute.", "PreemptionWatcher", "TrainController", "SynchronizationActor",
+                 "PlacementGroupCleaner")
+)  # fmt: skip
+
+
+def _sets(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+
+def _assert_served_in_lockstep(run: Path, recipe: str, args: list[str], start: int, steps: int) -> list[int]:
+    """Both workers received the planned bucket at every position from `start`, every batch from the data
+    node, and no Ray Data task or actor ran on the trainium node. Returns the planned lengths."""
+    plan = make_plan(load_recipe(recipe, _sets(args)), "xla-cpu", world=2)
+    planned = plan.batcher.used_lengths(steps - start, start)
+    for rank in (0, 1):
+        record = read_json(run / "data_service" / f"rank_{rank}.json")
+        assert [tuple(x) for x in record["received"]] == list(enumerate(planned, start=start))
+        assert all(node.startswith("data@") for node in record["produced_on"]), record["produced_on"]
+        assert sum(record["produced_on"].values()) == steps - start
+    placement = read_json(run / "data_service" / "placement.json")
+    trainium = sorted(placement["trainium"])
+    assert trainium and all(name.startswith(RAY_TRAIN) for name in trainium), trainium
+    assert any("CollateWorkerRows" in name for name in placement["data"]), placement["data"]
+    assert any(name.startswith("task ReadRange") for name in placement["data"]), placement["data"]
+    return planned
+
+
+def _assert_same_curve(served: Path, reference: Path, steps: int) -> None:
+    a, b = _losses(served), _losses(reference)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
+    assert worst <= 1e-6, f"the served run's loss differs from the torchrun run's by {worst:.2e} relative"
+
+
+def test_served_bert_trains_in_lockstep_like_torchrun_with_every_batch_from_the_data_node(bert_two_workers, tmp_path):
+    served = tmp_path / "served"
+    args = _two_workers("off")
+    result = run_cli("run", BERT, "-o", str(served), "--nproc-per-node", "2", *args, *RAY, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(served / "summary.json")
+    assert summary["world_size"] == 2 and summary["restarts"] == 0
+    assert summary["compilations"] == summary["expected_graphs"] and summary["unexpected_graphs"] == 0
+    assert set(summary["buckets_used"]) <= {32, 64, 128}
+    planned = _assert_served_in_lockstep(served, BERT, args, 0, 12)
+    assert len(set(planned)) > 1  # several buckets: lockstep is not trivially true
+    _assert_same_curve(served, bert_two_workers, 12)
+    assert summary["eval_accuracy"] == read_json(bert_two_workers / "summary.json")["eval_accuracy"]
+
+
+def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_two_workers, tmp_path):
+    served = tmp_path / "served"
+    args = ["run", LLAMA, "-o", str(served), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS, *RAY]
+    code, stderr = run_killing_a_worker(args, served, 4, find_pid=lambda: (ray_train_worker_pids() or [None])[-1])
+    assert code == 0, stderr[-3000:]
+    summary = read_json(served / "summary.json")
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
+    assert summary["unexpected_graphs"] == 0 and summary["compilations"] <= summary["expected_graphs"]
+    preflight = read_metrics(served / "preflight.jsonl")
+    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
+    # the restarted streams began at the checkpoint's data position (one micro-batch a step)
+    _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16)
+    _assert_same_curve(served, llama_two_workers, 16)
 
 
 def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
