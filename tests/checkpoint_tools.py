@@ -255,6 +255,7 @@ def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
     would otherwise train on the XLA device torch-xla provides here (a GPU user's run has none). The model is
     the family's tiny model (checkpoint_models), built there with the same seed. Returns the writer's paths."""
     import os
+    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -269,6 +270,10 @@ def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
         "print(json.dumps([str(p) for p in paths]))\n"
     )
     env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", **(env or {})}
+    if "MASTER_PORT" not in env:  # a free one: the port Lightning picks was seen taken while a Ray test ran beside
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env["MASTER_PORT"] = str(s.getsockname()[1])
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     import json
