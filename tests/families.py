@@ -1,0 +1,73 @@
+"""The model families users bring, as tiny models built from each transformers config class with its own
+defaults: only the sizes are made small (hidden 64, 2 layers, 4 heads, 2 KV heads where the family has them,
+head_dim 16 where the config names one); everything else (sliding windows, biases, norms, tied embeddings,
+activation functions) stays as the config class sets it. No hub: nothing is downloaded.
+
+`FAMILIES` is the one parameter list of the per-family tests and of the README's table of families.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLM, CLS = "causal-lm", "sequence-classification"
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str  # transformers' model_type (the config class's)
+    task: str
+    name: str  # as the README names it
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", CLM, "Llama"),
+    Family("mistral", CLM, "Mistral"),
+    Family("mixtral", CLM, "Mixtral (MoE)"),
+    Family("qwen2", CLM, "Qwen2"),
+    Family("qwen3", CLM, "Qwen3"),
+    Family("gemma2", CLM, "Gemma 2"),
+    Family("gemma3_text", CLM, "Gemma 3 (text)"),
+    Family("phi3", CLM, "Phi-3"),
+    Family("olmo2", CLM, "OLMo 2"),
+    Family("gpt_neox", CLM, "GPT-NeoX / Pythia"),
+    Family("granite", CLM, "Granite"),
+    Family("gpt2", CLM, "GPT-2"),
+    Family("bert", CLS, "BERT"),
+    Family("roberta", CLS, "RoBERTa"),
+    Family("distilbert", CLS, "DistilBERT"),
+    Family("deberta-v2", CLS, "DeBERTa-v2"),
+)
+BY_TYPE = {family.model_type: family for family in FAMILIES}
+DECODERS = tuple(f.model_type for f in FAMILIES if f.task == CLM)
+ENCODERS = tuple(f.model_type for f in FAMILIES if f.task == CLS)
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 2, 4, 2, 16, 128
+
+
+def tiny_config_values(model_type: str) -> dict:
+    """`model.config` values of a tiny model of this family: the config class's defaults with small sizes."""
+    from transformers import AutoConfig  # lazy: seconds to import
+
+    defaults = AutoConfig.for_model(model_type)
+    values = {"model_type": model_type, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS}
+    values["num_attention_heads"] = HEADS
+    if hasattr(defaults, "intermediate_size"):
+        values["intermediate_size"] = INTERMEDIATE
+    if hasattr(defaults, "hidden_dim"):  # DistilBERT's name for it
+        values["hidden_dim"] = INTERMEDIATE
+    if getattr(defaults, "num_key_value_heads", None) is not None:
+        values["num_key_value_heads"] = KV_HEADS
+    if getattr(defaults, "head_dim", None) is not None:
+        values["head_dim"] = HEAD_DIM
+    if getattr(defaults, "num_local_experts", None) is not None:
+        values["num_local_experts"] = 4
+    return values
+
+
+def tiny_config(model_type: str, **overrides):
+    """The transformers config object of `tiny_config_values` (with `overrides`)."""
+    from transformers import AutoConfig  # lazy: seconds to import
+
+    values = {**tiny_config_values(model_type), **overrides}
+    return AutoConfig.for_model(values.pop("model_type"), **values)
