@@ -7,12 +7,14 @@ batch here is a global one; each worker collates its own rows of it (`data/shard
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from neurontrain.data.buckets import bucket_for, round_up
 from neurontrain.data.packing import Packing, pack_rows
+from neurontrain.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -114,3 +116,16 @@ def fixed_batches(
         tuple(lengths), batch_size, tuple(buckets) if buckets else None, False, 0, False, multiple, packing
     )
     return batcher.epoch(0)
+
+
+def check_targets(lengths: Sequence[int], batches: Iterable[IndexBatch], count: int, split: str) -> None:
+    """UsageError for the first of `count` causal-LM batches with nothing to predict: every sample in it one token
+    long (a token is predicted from the ones before it), so its loss would be 0/0, NaN from that step on."""
+    for position, batch in enumerate(itertools.islice(batches, count)):
+        if all(lengths[i] < 2 for i in batch.indices):
+            short = sum(1 for n in lengths if n < 2)
+            raise UsageError(
+                f"{split} batch {position} has nothing to predict: its {len(batch.indices)} samples are one token "
+                f"long or empty ({short} of the {len(lengths)} {split} samples are); check the tokenizer and "
+                "data.text_field"
+            )

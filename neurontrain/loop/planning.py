@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neurontrain.backend import BACKENDS
-from neurontrain.data.batching import Batcher, IndexBatch, fixed_batches
+from neurontrain.data.batching import Batcher, IndexBatch, check_targets, fixed_batches
 from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
 from neurontrain.data.collate import Collator
 from neurontrain.data.packing import Packing
@@ -334,6 +334,9 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         tp = memory.choice.config.tp
         batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
     recipe = with_memory_choice(with_world(recipe, world // tp), memory)
+    if recipe.task == "causal-lm":  # a batch without targets: NaN from its step on
+        check_targets(data.train_lengths, batching.batcher.iterate(), len(batching.used), "training")
+        check_targets(data.eval_lengths, batching.eval_batches, len(batching.eval_batches), "eval")
     if tp > 1:
         recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
     return RunPlan(

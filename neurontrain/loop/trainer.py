@@ -1,8 +1,8 @@
 """The training loop: one graph per step kind and bucket, values read in step closures, resumable.
 
-`Trainer.run` reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when
-resuming), then for each step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`. After every sync
-the recompilation guard checks the graph that ran against the plan.
+`Trainer.run` reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when resuming),
+then for each step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`. After every sync the
+recompilation guard checks the graph that ran against the plan, and the loss watch its loss (`finite.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from neurontrain.backend import Backend
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model
@@ -82,6 +83,7 @@ class Trainer:
         self.last_eval: dict = {}
         self._restored: _Restored | None = None
         self._identified: set[tuple] = set()
+        self.watch = LossWatch()
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -175,7 +177,9 @@ class Trainer:
         self._log_loss(step, lr, global_loss, micro_losses)
         key = ("optimizer",) if plan.split_step else ("train", length)
         shapes = {"input_ids": [recipe.data.batch_size, length]}
+        self.watch.expect(step, shapes, global_loss, micro_losses, self.backend.add_step_closure)
         self._sync(key, step, lambda: self._state_tensors() + micro_losses, shapes)
+        self.watch.check()  # a non-finite loss stops the run here, before this step's checkpoint
         self.strategy.after_sync()
         self.log.advance()
 
@@ -187,6 +191,7 @@ class Trainer:
         ):
             self.last_eval = self._evaluate(step)
             self.log.record(self.last_eval)
+            check_finite_eval(self.last_eval)
 
     def maybe_save(self, step: int) -> None:
         """A checkpoint every checkpoint.every steps and after the last one. Every worker holds the same
@@ -195,14 +200,13 @@ class Trainer:
         every = self.recipe.checkpoint.every
         if not every or (step % every and step != self.recipe.train.max_steps) or self.extracting:
             return
-        state = self.state_dict()
+        state = with_host_weights(self.state_dict(), self.backend.to_host, step)
         meta = self._checkpoint_meta(step)
         digest = self.strategy.parameter_digest()
         if digest is not None:
             meta["parameter_digests"] = self.dp.all_gather_object(digest)  # one per worker: all must agree
         self.dp.barrier()
-        # xm.save is a collective where the xla backend spans the workers; on host-reduce backends each
-        # worker's runtime is a world of one, so only worker 0 calls it.
+        # xm.save is a collective where the xla backend spans the workers (else only worker 0 calls it)
         checkpoints.save_checkpoint(
             self.ckpt_root,
             step,
@@ -391,5 +395,6 @@ class Trainer:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
         cpu_state = {k: v.detach().cpu() for k, v in weights.items()}
+        check_finite_weights(cpu_state, self.recipe.train.max_steps, "the final model")
         self.model.save_pretrained(str(target), state_dict=cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))
