@@ -18,6 +18,7 @@ class Family:
     model_type: str  # transformers' model_type (the config class's)
     task: str
     name: str  # as the README names it
+    packs: bool = True  # data.packing trains it (per-document isolation proven); else refused in one line
 
 
 FAMILIES: tuple[Family, ...] = (

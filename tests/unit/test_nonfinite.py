@@ -35,7 +35,7 @@ def test_a_nan_loss_stops_the_run_in_its_step_and_publishes_nothing_from_it(tmp_
     assert max(losses) == bad  # no step after it ran
     assert f"at step {bad} on a batch of input_ids 16x" in message and f"at step {bad - 1})" in message
     saved = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "checkpoints").iterdir())
-    assert saved == list(range(1, bad))  # the newest checkpoint is the last good step's
+    assert saved[-1] == bad - 1  # the newest checkpoint is the last good step's
     assert not (tmp_path / "model").exists() and not (tmp_path / "summary.json").exists()
 
 

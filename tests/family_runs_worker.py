@@ -1,0 +1,118 @@
+"""Every model family of tests/families.py trained as `run` trains it, in one fresh process (imports and the XLA
+runtime paid once; tests/integration/test_families.py reads what it prints).
+
+For each family: the shipped tiny recipe of its task (tiny-llama-clm or tiny-bert-classification) with the
+family's tiny config, trained a few steps on XLA:CPU unpacked and with data.packing on (a refusal is recorded as
+its one line); then the exported model migrated to TP 2 NxD shards and a run started from those shards
+(`run --init-from`) at a learning rate that moves nothing, whose exported weights must equal the first run's.
+Graphs compiled by an earlier run of the same process are not compiled again (XLA's in-process cache), so a
+run's compilations can be below its planned graphs; the guard still checks every graph against the plan.
+Prints one JSON line per family.
+
+Usage: python family_runs_worker.py OUT_DIR MODEL_TYPE [MODEL_TYPE ...]
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from families import BY_TYPE, CLM, tiny_config_values
+from safetensors.torch import load_file
+
+from neurontrain.checkpoint.initial import InitialCheckpoint
+from neurontrain.cli import main as cli
+from neurontrain.errors import NeurontrainError, first_line
+from neurontrain.launch.run import train_single
+from neurontrain.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SHORT = {
+    "data": {"train_samples": 240, "eval_samples": 16, "max_length": 64, "buckets": [64]},
+    "train": {"max_steps": 6, "log_every": 1, "eval_at_end": True, "schedule": {"warmup_steps": 1}},
+    "checkpoint": {"every": 0},
+    "runtime": {"preflight": False},
+}
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = _merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def _recipe(out: Path, model_type: str, name: str, changes: dict):
+    family = BY_TYPE[model_type]
+    base = "tiny-llama-clm.yaml" if family.task == CLM else "tiny-bert-classification.yaml"
+    raw = yaml.safe_load((REPO / "recipes" / base).read_text())
+    raw["model"]["config"] = tiny_config_values(model_type)
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_merge(_merge(raw, SHORT), changes)))
+    return load_recipe(path)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def _train(out: Path, model_type: str, name: str, changes: dict, init_from: Path | None = None) -> dict:
+    run_dir = out / name
+    started = time.perf_counter()
+    try:
+        recipe = _recipe(out, model_type, name, changes)
+        initial = InitialCheckpoint(init_from, weights_only=True) if init_from is not None else None
+        summary = train_single(recipe, run_dir, preflight_check=False, init_from=initial)
+    except NeurontrainError as exc:
+        return {"error": first_line(exc, 400), "exit_code": exc.exit_code}
+    except Exception as exc:  # a crash is a result here: the test names the family and the line
+        return {"error": f"{type(exc).__name__}: {first_line(exc, 400)}", "exit_code": None}
+    return {
+        "losses": _losses(run_dir),
+        "eval_loss": summary.eval_loss,
+        "compilations": summary.compilations,
+        "expected_graphs": summary.expected_graphs,
+        "unexpected_graphs": summary.unexpected_graphs,
+        "padding_fraction": summary.padding_fraction,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _tensors(run_dir: Path) -> dict:
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+def _from_shards(out: Path, model_type: str) -> dict:
+    """TP 2 shards of the unpacked run's model, then a run started from them at learning rate ~0 (eager: the
+    loading is the point) whose exported weights must be the unpacked run's, bit for bit."""
+    shards = out / "tp2"
+    code = cli(["checkpoint", "migrate", str(out / "unpacked" / "model"), str(shards), "--to", "neuron", "--tp", "2"])
+    if code != 0:
+        return {"error": f"migrate --to neuron --tp 2 exited {code}"}
+    # a learning rate too small to move any fp32 weight (recipes refuse 0)
+    changes = {"train": {"max_steps": 1, "optimizer": {"lr": 1e-30, "weight_decay": 0.0}, "eval_at_end": False}}
+    changes["runtime"] = {"backend": "eager", "preflight": False}
+    result = _train(out, model_type, "from_shards", changes, init_from=shards)
+    if "error" in result:
+        return result
+    before, after = _tensors(out / "unpacked"), _tensors(out / "from_shards")
+    differing = sorted(k for k in before if k not in after or not before[k].equal(after[k]))
+    return {"equal": not differing and before.keys() == after.keys(), "differing": differing[:3]}
+
+
+def main() -> None:
+    out_root = Path(sys.argv[1])
+    for model_type in sys.argv[2:]:
+        out = out_root / model_type
+        out.mkdir(parents=True, exist_ok=True)
+        report = {"model_type": model_type, "unpacked": _train(out, model_type, "unpacked", {})}
+        report["packed"] = _train(out, model_type, "packed", {"data": {"packing": "on"}})
+        if "error" not in report["unpacked"]:
+            report["from_tp2_shards"] = _from_shards(out, model_type)
+        print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
