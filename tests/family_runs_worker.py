@@ -7,9 +7,9 @@ its one line); then the exported model migrated to TP 2 NxD shards and a run sta
 (`run --init-from`) at a learning rate that moves nothing, whose exported weights must equal the first run's.
 Graphs compiled by an earlier run of the same process are not compiled again (XLA's in-process cache), so a
 run's compilations can be below its planned graphs; the guard still checks every graph against the plan.
-Prints one JSON line per family.
+Prints one JSON line per family. `nan-run`: `neurontrain run` at a learning rate that makes the loss NaN.
 
-Usage: python family_runs_worker.py OUT_DIR MODEL_TYPE [MODEL_TYPE ...]
+Usage: python family_runs_worker.py OUT_DIR MODEL_TYPE [MODEL_TYPE ...] [nan-run]
 """
 
 import json
@@ -102,9 +102,29 @@ def _from_shards(out: Path, model_type: str) -> dict:
     return {"equal": not differing and before.keys() == after.keys(), "differing": differing[:3]}
 
 
+def _nan_run(out: Path) -> dict:
+    """`neurontrain run` of tiny BERT at learning rate 1e6 (its loss turns NaN within a few steps): the exit code,
+    the step losses and what the run left in its output directory."""
+    steps = ["train.max_steps=8", "train.log_every=1", "checkpoint.every=1", "train.schedule.warmup_steps=1"]
+    overrides = [*steps, "train.optimizer.lr=1e6", "data.train_samples=256", "data.max_length=64"]
+    recipe = str(REPO / "recipes" / "tiny-bert-classification.yaml")
+    sets = [a for o in overrides for a in ("--set", o)]
+    code = cli(["run", recipe, "--output-dir", str(out), "--no-preflight", *sets])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "exit_code": code,
+        "losses": {r["step"]: r["loss"] for r in rows if "loss" in r},
+        "checkpoints": sorted(int(p.name.removeprefix("step_")) for p in (out / "checkpoints").iterdir()),
+        "left": sorted(p.name for p in out.iterdir()),
+    }
+
+
 def main() -> None:
     out_root = Path(sys.argv[1])
     for model_type in sys.argv[2:]:
+        if model_type == "nan-run":
+            print(json.dumps({"model_type": "nan-run", **_nan_run(out_root / "nan-run")}), flush=True)
+            continue
         out = out_root / model_type
         out.mkdir(parents=True, exist_ok=True)
         report = {"model_type": model_type, "unpacked": _train(out, model_type, "unpacked", {})}
