@@ -61,7 +61,8 @@ def read_piece(source: TensorSource, name: str, piece: Piece) -> torch.Tensor:
     """A rank's piece of a tensor, read by slice (the tensor itself for a replicated one)."""
     if piece.dim is None:
         return source.get(name)
-    return with_zero_rows(piece, source.get_slice(name, piece.dim, piece.start, piece.stop))
+    parts = [source.get_slice(name, piece.dim, start, stop) for start, stop in piece.ranges]
+    return with_zero_rows(piece, parts[0] if len(parts) == 1 else torch.cat(parts, dim=piece.dim))
 
 
 def clean_name(name: str) -> str:
