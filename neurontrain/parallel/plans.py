@@ -24,7 +24,7 @@ import functools
 import re
 
 from neurontrain.errors import UsageError
-from neurontrain.parallel.rule_tables import HAND_RULES
+from neurontrain.parallel.rule_tables import HAND_RULES, TRAINING_REFUSALS
 
 _LEAF_RULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up"}
 _LEAF_BIAS = {"o_proj": "replicate"}
@@ -108,7 +108,9 @@ def resolve_rules(model_type: str) -> list[list[str]] | None:
 def training_refusal(model_type: str) -> str | None:
     """Why NxD tensor-parallel training here cannot follow the family's plan, or None: a plan that gathers the
     output of an attention projection (Phi-3's fused qkv_proj, OLMo 2's q/k/v normalised over all heads) needs
-    the whole projection on every rank."""
+    the whole projection on every rank; hand-ruled families whose attention cannot run a rank's heads."""
+    if model_type in TRAINING_REFUSALS:
+        return TRAINING_REFUSALS[model_type]
     found = tp_plan(model_type)
     if found is None:
         return None

@@ -81,3 +81,7 @@ HAND_RULES = {
 }
 # what a checkpoint_spec.json without a `rules` field (written before rules were stored) was sharded by
 LEGACY_FAMILIES = {"llama": LLAMA_RULES, "mistral": LLAMA_RULES, "qwen2": LLAMA_RULES, "bert": BERT_RULES}
+# hand-ruled families whose modules cannot run one rank's heads (NxD tensor-parallel training refuses them)
+TRAINING_REFUSALS = {
+    "deberta-v2": "DeBERTa-v2's attention reshapes by the config's head count, not the heads a rank holds",
+}

@@ -30,7 +30,9 @@ import torch
 
 from neurontrain.errors import UsageError
 from neurontrain.parallel.plans import config_object, resolve_rules
+from neurontrain.parallel.rule_tables import BERT_RULES as BERT_RULES
 from neurontrain.parallel.rule_tables import LEGACY_FAMILIES
+from neurontrain.parallel.rule_tables import LLAMA_RULES as LLAMA_RULES
 
 FAMILIES = LEGACY_FAMILIES  # the families a spec without stored rules is read with
 _LAYER = re.compile(r"\.(?:layers?|h)\.(\d+)\.")
