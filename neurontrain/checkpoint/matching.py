@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 from transformers.conversion_mapping import get_model_conversion_mapping
-from transformers.core_model_loading import WeightRenaming, apply_renamings
+from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings
 
 from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
 from neurontrain.errors import NeurontrainError, UsageError
@@ -68,11 +68,29 @@ def model_names(config: dict) -> ModelNames:
 
 
 @functools.lru_cache(maxsize=8)
-def _renamings(config_json: str) -> tuple[WeightRenaming, ...]:
-    """The renamings transformers applies to checkpoint names when it loads the config's model."""
+def _conversions(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[WeightConverter, ...]]:
+    """The renamings transformers applies to checkpoint names when it loads the config's model, and the
+    converters that merge or split tensors (which migrate does not apply)."""
     with torch.device("meta"):
         model = model_from_config(json.loads(config_json))
-    return tuple(t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming))
+    mapping = get_model_conversion_mapping(model)
+    renamings = tuple(t for t in mapping if isinstance(t, WeightRenaming))
+    return renamings, tuple(t for t in mapping if isinstance(t, WeightConverter))
+
+
+def _renamings(config_json: str) -> tuple[WeightRenaming, ...]:
+    return _conversions(config_json)[0]
+
+
+def needs_conversion(keys: list[str], config: dict) -> tuple[str, str] | None:
+    """(checkpoint name, the model name transformers converts it into) of the first entry that transformers
+    merges or splits on load (Mixtral's per-expert w1/w3 into experts.gate_up_proj), or None."""
+    converters = list(_conversions(json.dumps(config, sort_keys=True))[1])
+    for key in keys:
+        target, pattern = apply_converters(key, converters)
+        if pattern is not None:
+            return key, target
+    return None
 
 
 def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
@@ -172,6 +190,13 @@ def find_mapping(source: TensorSource | RenamedSource, config: dict) -> Candidat
         raise UsageError(
             f"{source.description}: its names fit the {arch} model in {len(fits)} ways ({ways}); keep one copy of "
             "the model in the checkpoint"
+        )
+    converted = needs_conversion(keys, config)
+    if converted is not None:
+        stored = getattr(source, "names", {}).get(converted[0], converted[0])
+        raise UsageError(
+            f"{source.description}: {stored} is one of the tensors transformers merges into {converted[1]} on load "
+            f"({arch}); migrate does not merge tensors: pass a checkpoint holding the model's own tensors"
         )
     closest = sorted(candidates, key=lambda c: -len(c.chosen))[:2]
     detail = "; ".join(c.describe(total) for c in closest) or f"first name {keys[0] if keys else 'none'}"
