@@ -4,6 +4,7 @@ bit-identical and the logits equal. Phi-3's fused qkv_proj and gate_up_proj shar
 gate/up do; a family without rules is refused naming itself and its first tensor."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from neurontrain.checkpoint.matching import loaded_names
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.errors import UsageError
 from neurontrain.parallel.rules import ShardingSpec, piece_of, rule_for, spec_from_config
+from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, parallel_layers
 
 VOCAB = 96
 IDS = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
@@ -152,3 +154,33 @@ def test_mixtral_experts_shard_as_the_plan_says_and_per_expert_checkpoints_are_r
     gate, up = full[gate_up].split(inter, dim=1)
     assert torch.equal(rank1[gate_up], torch.cat([gate[:, inter // 2 :], up[:, inter // 2 :]], dim=1))
     assert torch.equal(rank1[down], full[down][:, :, inter // 2 :])
+
+
+REFUSED_TP_TRAINING = {
+    "phi3": "gathers layers.*.self_attn.qkv_proj",
+    "olmo2": "gathers layers.*.self_attn.q_proj",
+    "mixtral": "experts.gate_up_proj is sharded by rule 'gate_up_packed'",
+    "gpt2": "c_attn.weight is sharded by rule 'conv1d_qkv'",
+    "deberta-v2": "reshapes by the config's head count",
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.model_type for f in FAMILIES])
+def test_which_families_nxd_tensor_parallel_training_takes(family):
+    """NxD's layers (column, row, vocabulary) for every sharded weight, or a one-line refusal."""
+    import transformers  # lazy: seconds to import
+
+    cls = transformers.AutoModelForCausalLM if family.task == CLM else transformers.AutoModelForSequenceClassification
+    with torch.device("meta"):
+        model = cls.from_config(tiny_config(family.model_type, **IDS))
+    spec = model_spec(model, 2)
+    names = [name for name, _ in model.named_parameters()]
+    expected = REFUSED_TP_TRAINING.get(family.model_type)
+    if expected is None:
+        check_trainable(spec)
+        layers = parallel_layers(spec, names)
+        assert {layer.kind for layer in layers} <= {"vocab", "column", "row"} and len(layers) > 4
+    else:
+        with pytest.raises(UsageError, match=re.escape(expected)):
+            check_trainable(spec)
+            parallel_layers(spec, names)
