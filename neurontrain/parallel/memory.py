@@ -28,8 +28,9 @@ import math
 from dataclasses import dataclass
 
 from neurontrain.errors import UsageError
-from neurontrain.parallel.plans import resolve_rules
+from neurontrain.parallel.plans import resolve_rules, training_refusal
 from neurontrain.parallel.rules import ShardingSpec, piece_of, rule_for, vocab_size_with_padding
+from neurontrain.parallel.tensor_parallel import NXD_RULES
 from neurontrain.parallel.zero_layout import shard_numel
 
 GIB = 1 << 30
@@ -158,10 +159,10 @@ def runtime_bytes(target: Target) -> int:
 
 
 def sharding_spec(model: ModelShape, tp: int) -> ShardingSpec | None:
-    """`checkpoint migrate`'s sharding spec for `tp`, or None where the family has no rules or `tp` breaks
-    the head rules (heads, KV heads) or a tensor's split."""
+    """`checkpoint migrate`'s sharding spec for `tp`, or None where the family has no rules, NxD tensor-parallel
+    training refuses it (tensor_parallel.py), or `tp` breaks the head rules (heads, KV heads) or a tensor's split."""
     rules = resolve_rules(model.family)
-    if rules is None:
+    if rules is None or training_refusal(model.family):
         return None
     padded = vocab_size_with_padding(model.vocab, tp)
     spec = ShardingSpec(
@@ -181,6 +182,8 @@ def sharding_spec(model: ModelShape, tp: int) -> ShardingSpec | None:
         spec.validate()
         for param in model.params:
             tp_shape(spec, param)
+            if rule_for(spec, param.name) not in NXD_RULES:
+                return None
     except UsageError:
         return None
     return spec

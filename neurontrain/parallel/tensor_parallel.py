@@ -30,6 +30,7 @@ from neurontrain.parallel.rules import ShardingSpec, rule_for, shard, spec_from_
 
 _PARTITION = {"vocab": ("vocab", 0), "row": ("row", 1), "o": ("row", 1)}
 _PARTITION.update({rule: ("column", 0) for rule in ("column", "q", "k", "v", "gate", "up")})
+NXD_RULES = (*_PARTITION, "replicate")  # the rules NxD's layers here take
 _BIAS_RULE = {"column": ("column", "q", "k", "v", "gate", "up"), "vocab": ("replicate",), "row": ("replicate",)}
 
 

@@ -14,7 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from neurontrain.checkpoint.matching import loaded_names
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.checkpoint.report import inspect_checkpoint
 from neurontrain.errors import UsageError
+from neurontrain.parallel.memory import Config, ModelShape, Param, Workload, estimate, resolve_target, sharding_spec
 from neurontrain.parallel.rules import ShardingSpec, piece_of, rule_for, spec_from_config
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, parallel_layers
 
@@ -176,11 +178,35 @@ def test_which_families_nxd_tensor_parallel_training_takes(family):
     spec = model_spec(model, 2)
     names = [name for name, _ in model.named_parameters()]
     expected = REFUSED_TP_TRAINING.get(family.model_type)
+    shape = _model_shape(model, spec, family.task)
+    planned = sharding_spec(shape, 2)  # the memory planner's TP candidates
+    assert (planned is None) == (expected is not None)
     if expected is None:
         check_trainable(spec)
         layers = parallel_layers(spec, names)
         assert {layer.kind for layer in layers} <= {"vocab", "column", "row"} and len(layers) > 4
+        work = Workload(batch=1, length=16, precision="bf16", world=2)
+        target, _ = resolve_target("trn1", None, "neuron")
+        assert estimate(shape, work, Config(zero1=False, checkpointing="none", tp=2), target).total
     else:
         with pytest.raises(UsageError, match=re.escape(expected)):
             check_trainable(spec)
             parallel_layers(spec, names)
+
+
+def _model_shape(model, spec: ShardingSpec, task: str) -> ModelShape:
+    params = tuple(Param(name, tuple(p.shape), p.dim() == 2) for name, p in model.named_parameters())
+    sizes = {"layers": spec.num_layers, "hidden": model.config.hidden_size, "heads": spec.num_heads}
+    sizes |= {"kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "intermediate": 128, "vocab": VOCAB}
+    return ModelShape(family=spec.family, task=task, params=params, labels=2, attention="eager", **sizes)
+
+
+def test_inspect_and_verify_take_transformers_renamed_names(tmp_path, capsys):
+    """GPT-NeoX's save_pretrained writes `embed_out.weight`; transformers loads it as `lm_head.weight`."""
+    src = tmp_path / "hf"
+    save_tiny(src, "gpt_neox")
+    assert "embed_out.weight" in load_file(str(src / "model.safetensors"))
+    report = inspect_checkpoint(src)
+    assert "mapping_error" not in report and report["not_converted"] == 0
+    code, out, _ = cli_in_process(capsys, "checkpoint", "verify", str(src), str(src))
+    assert code == 0 and out.rstrip().endswith("EQUAL")
