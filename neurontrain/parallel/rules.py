@@ -185,7 +185,18 @@ def stage_of(spec: ShardingSpec, name: str) -> int:
             if layer < bound:
                 return stage
         return spec.pp - 1
-    late = ("lm_head", "embed_out", "pooler", "classifier", "cls.", "model.norm", "final_layer_norm", "ln_f.", "score.")
+    late = (
+        "lm_head",
+        "embed_out",
+        "pooler",
+        "pre_classifier",
+        "classifier",
+        "cls.",
+        "model.norm",
+        "final_layer_norm",
+        "ln_f.",
+        "score.",
+    )
     return spec.pp - 1 if any(name.startswith(p) or f".{p}" in name for p in late) or name == "norm.weight" else 0
 
 

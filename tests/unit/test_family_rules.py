@@ -30,7 +30,7 @@ def save_tiny(path, model_type: str, task: str = CLM, **overrides):
 
     torch.manual_seed(0)
     cls = transformers.AutoModelForCausalLM if task == CLM else transformers.AutoModelForSequenceClassification
-    model = cls.from_config(tiny_config(model_type, **IDS, **overrides))
+    model = cls.from_config(tiny_config(model_type, **(IDS | overrides)))
     model.save_pretrained(path)
     return model
 
