@@ -1,14 +1,19 @@
 """Tensor-parallel and pipeline-parallel sharding rules, as data, and the pure functions that apply them.
 
 A model family is a list of (pattern, rule) pairs over Hugging Face parameter names; the first match wins.
+They are resolved from transformers' tensor-parallel plan or a hand table (plans.py) and stored in the spec.
 Rules:
   replicate   every TP rank holds the whole tensor
   vocab       split on dim 0 (embeddings, lm_head: vocabulary-parallel), zero-padded to padded_vocab_size
-  column      split on dim 0 (column-parallel weights and their biases)
-  row         split on dim 1 (row-parallel weights; their biases are replicated)
+  column      split on dim 0 (column-parallel weights and their biases; dim 1 of 3-D expert weights)
+  row         split on the last dim (row-parallel weights; their biases are replicated)
   q / k / v   attention projections, split by heads with GQA awareness (see below); may be fused
   o           attention output, split on dim 1 by the query heads each rank holds
   gate / up   MLP projections, column-parallel and concatenated per rank into `gate_up_proj`
+  qkv_packed  a fused q|k|v projection (Phi-3's qkv_proj): the rank's q, k and v rows as q / k / v give them,
+              three ranges of one tensor; `conv1d_qkv` the same on the columns of a Conv1D (GPT-2's c_attn)
+  gate_up_packed  a fused gate|up projection: the rank's rows of each half
+  conv1d_column / conv1d_row  Conv1D weights, (in, out): split on dim 1 / dim 0
 
 GQA (Neuron's layout): with TP > KV heads, M = TP / KV copies of each KV head are made (`full.repeat(M, 1)`)
 so rank r holds KV head r mod KV, and the query heads are permuted so each rank holds the query heads that
