@@ -61,7 +61,8 @@ def read_piece(source: TensorSource, name: str, piece: Piece) -> torch.Tensor:
     """A rank's piece of a tensor, read by slice (the tensor itself for a replicated one)."""
     if piece.dim is None:
         return source.get(name)
-    return with_zero_rows(piece, source.get_slice(name, piece.dim, piece.start, piece.stop))
+    parts = [source.get_slice(name, piece.dim, start, stop) for start, stop in piece.ranges]
+    return with_zero_rows(piece, parts[0] if len(parts) == 1 else torch.cat(parts, dim=piece.dim))
 
 
 def clean_name(name: str) -> str:
@@ -191,18 +192,22 @@ class SafetensorsSource(_OptimizerFromTorch):
             return handle.get_tensor(key)
 
     def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
-        """Indices [start, stop) of `dim`, reading only those rows (dim 0) or those rows' columns (dim 1)."""
+        """Indices [start, stop) of `dim`, reading only those rows (dim 0) or, a block of rows at a time, those
+        rows' indices of a later dim."""
         f, key = self._where[name]
         shape, dtype = self._meta[name]
         if dim == 0:
             with _reading(f, key) as handle:
                 return handle.get_slice(key)[start:stop].clone()
-        out = torch.empty((shape[0], stop - start, *shape[2:]), dtype=dtype)
+        out = torch.empty((*shape[:dim], stop - start, *shape[dim + 1 :]), dtype=dtype)
         row_bytes = max(1, math.prod(shape[1:]) * dtype.itemsize)
         block = max(1, self.ROW_BLOCK_BYTES // row_bytes)
+        between = (slice(None),) * (dim - 1)
         for first in range(0, shape[0], block):
             with _reading(f, key) as handle:
-                out[first : first + block] = handle.get_slice(key)[first : first + block, start:stop]
+                out[first : first + block] = handle.get_slice(key)[
+                    (slice(first, first + block), *between, slice(start, stop))
+                ]
         return out
 
     def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:

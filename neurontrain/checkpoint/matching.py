@@ -4,9 +4,12 @@ The target model is built from its config on the meta device (no memory, no weig
 the names and shapes a checkpoint must cover. A mapping strips a prefix from the checkpoint's names and adds
 one (`model.model.layers.0...` of a LightningModule -> `model.layers.0...`); the mapping used is the one, and
 only one, under which the checkpoint covers every model tensor with the right shape (tied tensors: either
-name). Entries the mapping leaves over (optimizer state, step counters, other modules) are reported, not
-converted. No fit or several: UsageError naming the closest candidates. `check_loads` loads names and shapes
-into the model with strict=True, which migrate runs on its output before publishing it.
+name). Before matching, each checkpoint name is renamed as transformers renames it on load (its conversion
+mapping's renamings: GPT-NeoX's `embed_out.weight` is the model's `lm_head.weight`), so names a checkpoint
+written by transformers holds match the model it loads into. Entries the mapping leaves over (optimizer state,
+step counters, other modules) are reported, not converted. No fit or several: UsageError naming the closest
+candidates. `check_loads` loads names and shapes into the model with strict=True, which migrate runs on its
+output before publishing it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings
 
 from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
 from neurontrain.errors import NeurontrainError, UsageError
@@ -63,6 +68,55 @@ def model_names(config: dict) -> ModelNames:
 
 
 @functools.lru_cache(maxsize=8)
+def _conversions(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[WeightConverter, ...]]:
+    """The renamings transformers applies to checkpoint names when it loads the config's model, and the
+    converters that merge or split tensors (which migrate does not apply)."""
+    with torch.device("meta"):
+        model = model_from_config(json.loads(config_json))
+    mapping = get_model_conversion_mapping(model)
+    renamings = tuple(t for t in mapping if isinstance(t, WeightRenaming))
+    return renamings, tuple(t for t in mapping if isinstance(t, WeightConverter))
+
+
+def _renamings(config_json: str) -> tuple[WeightRenaming, ...]:
+    return _conversions(config_json)[0]
+
+
+def needs_conversion(keys: list[str], config: dict) -> tuple[str, str] | None:
+    """(checkpoint name, the model name transformers converts it into) of the first entry that transformers
+    merges or splits on load (Mixtral's per-expert w1/w3 into experts.gate_up_proj), or None."""
+    converters = list(_conversions(json.dumps(config, sort_keys=True))[1])
+    for key in keys:
+        target, pattern = apply_converters(key, converters)
+        if pattern is not None:
+            return key, target
+    return None
+
+
+def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
+    """{the name transformers loads a checkpoint entry under: the entry's name}, the first entry winning."""
+    renamings = list(_renamings(json.dumps(config, sort_keys=True)))
+    out: dict[str, str] = {}
+    for key in keys:
+        out.setdefault(apply_renamings(key, renamings) if renamings else key, key)
+    return out
+
+
+class RenamedSource:
+    """A checkpoint's tensors under the names transformers' load-time renames give them."""
+
+    def __init__(self, raw: TensorSource, config: dict) -> None:
+        self.raw, self.description = raw, raw.description
+        self.names = loaded_names(raw.keys(), config)
+
+    def keys(self) -> list[str]:
+        return list(self.names)
+
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        return self.raw.meta(self.names[name])
+
+
+@functools.lru_cache(maxsize=8)
 def _trainer_order(config_json: str) -> tuple[str, ...]:
     """The transformers Trainer's optimizer grouping: weight-decayed parameters first (importing the Trainer
     takes seconds: only for an optimizer state without names)."""
@@ -104,7 +158,7 @@ def _suffix_pair(key: str, name: str) -> tuple[str, str] | None:
     return "".join(p + "." for p in a[: len(a) - n]), "".join(p + "." for p in b[: len(b) - n])
 
 
-def _evaluate(source: TensorSource, names: ModelNames, strip: str, add: str) -> Candidate:
+def _evaluate(source: TensorSource | RenamedSource, names: ModelNames, strip: str, add: str) -> Candidate:
     mapped = {add + k[len(strip) :]: k for k in source.keys() if k.startswith(strip)}
     cand = Candidate(strip, add)
     for group in names.groups:
@@ -118,7 +172,7 @@ def _evaluate(source: TensorSource, names: ModelNames, strip: str, add: str) -> 
     return cand
 
 
-def find_mapping(source: TensorSource, config: dict) -> Candidate:
+def find_mapping(source: TensorSource | RenamedSource, config: dict) -> Candidate:
     names = model_names(config)
     keys = source.keys()
     seeds = [g[0] for g in names.groups if not any(p.isdigit() for p in g[0].split("."))] + list(names.shapes)[:8]
@@ -137,6 +191,13 @@ def find_mapping(source: TensorSource, config: dict) -> Candidate:
             f"{source.description}: its names fit the {arch} model in {len(fits)} ways ({ways}); keep one copy of "
             "the model in the checkpoint"
         )
+    converted = needs_conversion(keys, config)
+    if converted is not None:
+        stored = getattr(source, "names", {}).get(converted[0], converted[0])
+        raise UsageError(
+            f"{source.description}: {stored} is one of the tensors transformers merges into {converted[1]} on load "
+            f"({arch}); migrate does not merge tensors: pass a checkpoint holding the model's own tensors"
+        )
     closest = sorted(candidates, key=lambda c: -len(c.chosen))[:2]
     detail = "; ".join(c.describe(total) for c in closest) or f"first name {keys[0] if keys else 'none'}"
     raise UsageError(
@@ -151,9 +212,10 @@ class MappedSource:
     def __init__(self, raw: TensorSource, config: dict) -> None:
         self.raw, self.config = raw, config
         self.description, self.layout, self.writer = raw.description, raw.layout, raw.writer
-        self.mapping = find_mapping(raw, config)
+        renamed = RenamedSource(raw, config)
+        self.mapping = find_mapping(renamed, config)
         self._names = model_names(config)
-        self._keys = self.mapping.chosen
+        self._keys = {name: renamed.names[key] for name, key in self.mapping.chosen.items()}
         used = set(self._keys.values())
         self.extras = [k for k in raw.keys() if k not in used]
 

@@ -28,7 +28,9 @@ import math
 from dataclasses import dataclass
 
 from neurontrain.errors import UsageError
-from neurontrain.parallel.rules import FAMILIES, ShardingSpec, rule_for, vocab_size_with_padding
+from neurontrain.parallel.plans import resolve_rules, training_refusal
+from neurontrain.parallel.rules import ShardingSpec, piece_of, rule_for, vocab_size_with_padding
+from neurontrain.parallel.tensor_parallel import NXD_RULES
 from neurontrain.parallel.zero_layout import shard_numel
 
 GIB = 1 << 30
@@ -36,7 +38,7 @@ MIB = 1 << 20
 CATEGORIES = ("parameters", "gradients", "optimizer", "master", "autocast", "activations", "logits", "runtime")
 MICROCODE_PER_PHYSICAL_CORE = 96 * MIB
 RUNTIME_FRACTION = 0.10
-GATED_MLP_FAMILIES = ("llama", "mistral", "qwen2")  # SwiGLU MLP and RMSNorm; others: GELU MLP and LayerNorm
+GATED_MLP_LEAVES = ("gate_proj.weight", "gate_up_proj.weight", "experts.gate_up_proj")  # a gated (SwiGLU) MLP
 
 
 @dataclass(frozen=True)
@@ -157,9 +159,10 @@ def runtime_bytes(target: Target) -> int:
 
 
 def sharding_spec(model: ModelShape, tp: int) -> ShardingSpec | None:
-    """`checkpoint migrate`'s sharding spec for `tp`, or None where the family has no rules or `tp` breaks
-    the head rules (heads, KV heads)."""
-    if model.family not in FAMILIES:
+    """`checkpoint migrate`'s sharding spec for `tp`, or None where the family has no rules, NxD tensor-parallel
+    training refuses it (tensor_parallel.py), or `tp` breaks the head rules (heads, KV heads) or a tensor's split."""
+    rules = resolve_rules(model.family)
+    if rules is None or training_refusal(model.family):
         return None
     padded = vocab_size_with_padding(model.vocab, tp)
     spec = ShardingSpec(
@@ -173,11 +176,14 @@ def sharding_spec(model: ModelShape, tp: int) -> ShardingSpec | None:
         vocab_size=model.vocab,
         tied_embeddings=model.tied_embeddings,
         padded_vocab_size=padded if padded != model.vocab else None,
+        rules=rules,
     )
     try:
         spec.validate()
         for param in model.params:
-            rule_for(spec, param.name)
+            tp_shape(spec, param)
+            if rule_for(spec, param.name) not in NXD_RULES:
+                return None
     except UsageError:
         return None
     return spec
@@ -188,17 +194,16 @@ def tp_shape(spec: ShardingSpec | None, param: Param) -> tuple[int, ...]:
     shape = param.shape
     if spec is None or spec.tp == 1:
         return shape
-    rule, tp = rule_for(spec, param.name), spec.tp
-    if rule == "vocab":
-        return (spec.vocab_rows // tp, *shape[1:])
-    if rule in ("column", "gate", "up", "q"):
-        return (shape[0] // tp, *shape[1:])
-    if rule in ("row", "o"):
-        return (shape[0], shape[1] // tp)
-    if rule in ("k", "v"):
-        rows = shape[0] // tp if tp <= spec.num_kv_heads else spec.head_dim
-        return (rows, *shape[1:])
-    return shape
+    piece = piece_of(spec, rule_for(spec, param.name), shape, 0)
+    if piece.dim is None:
+        return shape
+    rows = sum(stop - start for start, stop in piece.ranges) + piece.zero_rows
+    return (*shape[: piece.dim], rows, *shape[piece.dim + 1 :])
+
+
+def gated_mlp(model: ModelShape) -> bool:
+    """A SwiGLU MLP with RMSNorms (Llama-style); otherwise a GELU MLP with LayerNorms (BERT-style)."""
+    return any(p.name.endswith(GATED_MLP_LEAVES) for p in model.params)
 
 
 def checkpointed_layer_count(setting: str, layers: int) -> int:
@@ -233,7 +238,7 @@ def layer_bytes(model: ModelShape, work: Workload, tp: int) -> int:
     """
     c = 2 if work.precision == "bf16" else 4
     h, q_dim = model.hidden, model.heads * model.head_dim
-    if model.family in GATED_MLP_FAMILIES:
+    if gated_mlp(model):
         whole = 4 * 4 * h + (c * 2 * h if c != 4 else 0)
         split = c * (4 * q_dim + 4 * model.intermediate)
     else:

@@ -45,6 +45,8 @@ def partition_spec(spec: ShardingSpec, rule: str, ndim: int) -> tuple:
         return (None,) * ndim
     if spec.vocab_padding:
         raise UsageError(f"the SPMD proxy needs --tp {spec.tp} to divide the vocabulary ({spec.vocab_size})")
+    if rule not in _SPLIT_DIM:
+        raise UsageError(f"the SPMD proxy has no annotation for rule {rule!r} (fused or Conv1D tensors)")
     dim = _SPLIT_DIM[rule]
     if dim >= ndim:
         raise UsageError(f"rule {rule!r} splits dim {dim} of a {ndim}-dimensional tensor")

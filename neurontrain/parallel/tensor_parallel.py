@@ -25,11 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from neurontrain.errors import UsageError
+from neurontrain.parallel.plans import training_refusal
 from neurontrain.parallel.rules import ShardingSpec, rule_for, shard, spec_from_config
 
 _PARTITION = {"vocab": ("vocab", 0), "row": ("row", 1), "o": ("row", 1)}
 _PARTITION.update({rule: ("column", 0) for rule in ("column", "q", "k", "v", "gate", "up")})
-_BIAS_RULE = {"column": ("column",), "vocab": ("replicate",), "row": ("replicate",)}
+NXD_RULES = (*_PARTITION, "replicate")  # the rules NxD's layers here take
+_BIAS_RULE = {"column": ("column", "q", "k", "v", "gate", "up"), "vocab": ("replicate",), "row": ("replicate",)}
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,10 @@ def parallel_layers(spec: ShardingSpec, names: list[str]) -> list[ParallelLayer]
     rules = {name: rule_for(spec, name) for name in names}
     layers = []
     for name, rule in rules.items():
-        if not name.endswith(".weight") or rule == "replicate":
+        if rule == "replicate" or name.endswith(".bias"):
             continue
+        if rule not in _PARTITION or not name.endswith(".weight"):
+            raise UsageError(f"parallel.tp: {name} is sharded by rule {rule!r}, which NxD's layers here do not take")
         module = name.removesuffix(".weight")
         kind, dim = _PARTITION[rule]
         bias_rule = rules.get(f"{module}.bias")
@@ -93,6 +97,9 @@ def model_spec(model: torch.nn.Module, tp: int) -> ShardingSpec:
 
 def check_trainable(spec: ShardingSpec) -> None:
     """The limits of tensor-parallel training here, each a one-line UsageError."""
+    refusal = training_refusal(spec.family)
+    if refusal:
+        raise UsageError(f"parallel.tp: {spec.tp}: {refusal}")
     if spec.tp > spec.num_kv_heads:
         raise UsageError(
             f"parallel.tp: {spec.tp} is above the model's {spec.num_kv_heads} KV heads (NxD's "
@@ -125,7 +132,7 @@ def to_tensor_parallel(model: torch.nn.Module, tp: int) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         for layer in parallel_layers(spec, names):
             _replace(model, layer, spec, rank)
-    if spec.tied_embeddings:
+    if spec.tied_embeddings and model.get_output_embeddings() is not None:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     return model
 
@@ -140,7 +147,7 @@ def _replace(model: torch.nn.Module, layer: ParallelLayer, spec: ShardingSpec, r
         new.weight.copy_(shard(spec, layer.rule, old.weight, rank))
         if getattr(old, "bias", None) is not None:
             # NxD keeps a row layer's bias whole, and a column layer's too when it gathers its output
-            bias_rule = "column" if layer.kind == "column" else "replicate"
+            bias_rule = layer.rule if layer.kind == "column" else "replicate"
             new.bias.copy_(shard(spec, bias_rule, old.bias, rank))
     parent, _, child = layer.module.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)

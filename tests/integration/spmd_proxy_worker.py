@@ -12,7 +12,7 @@ import sys
 import torch
 
 from neurontrain.loop.model import build_config, build_model
-from neurontrain.parallel import rules, spmd
+from neurontrain.parallel import spmd
 from neurontrain.parallel.tensor_parallel import model_spec
 from neurontrain.recipe import load_recipe
 
@@ -79,14 +79,15 @@ def train(path: str, sharded: bool, tp: int, steps: int, corrupt: str | None) ->
 
 
 def _mark(model, mesh, spec, optimizer, corrupt: str | None) -> None:
-    family = rules.FAMILIES[spec.family]
+    table = spec.table  # the spec's stored rules (a list, changed in place here and restored)
+    saved = list(table)
     if corrupt:  # this process only: the named parameter gets the wrong rule
         name, rule = corrupt.split("=")
-        rules.FAMILIES[spec.family] = [(f"^{name}$", rule), *family]
+        table.insert(0, [f"^{name}$", rule])
     try:
         spmd.mark_model(model, mesh, spec, optimizer)
     finally:
-        rules.FAMILIES[spec.family] = family
+        table[:] = saved
 
 
 if __name__ == "__main__":
