@@ -2,7 +2,7 @@
 (tests/families.py), trained on XLA:CPU as `run` trains it: unpacked and packed (or refused in one line), and
 started from the TP 2 shards `checkpoint migrate` makes of its trained model. One fresh process runs every family
 (tests/family_runs_worker.py); each family's checks are a test of their own. Migration round trips and packing's
-per-document isolation are checked per family in the unit tier (test_family_sharding.py,
+per-document isolation are checked per family in the unit tier (test_family_rules.py,
 test_packing_isolation.py). And a run whose loss turns NaN exits 1 within that step on XLA:CPU."""
 
 import json
