@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -122,3 +123,38 @@ def end_marked(marker: dict[str, str], grace: float) -> None:
         if not pids:
             return
         end_processes(pids, grace)
+
+
+class WorkerWatch:
+    """While a launcher's agent runs its workers (its own children, marked): notes the first worker stopped
+    (state T) for `after` seconds, continues (SIGCONT) any stopped process that a SIGTERM waits on so that the
+    agent's shutdown reaches it at once rather than at its SIGKILL 30 s later, and on exit ends every process
+    of the launch still there (children of workers in sessions of their own too)."""
+
+    def __init__(self, marker: dict[str, str], *, after: float = 3.0, interval: float = 1.0, grace: float = 5.0):
+        self.marker, self.after, self.interval, self.grace = marker, after, interval, grace
+        self.first_stopped: Marked | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="neurontrain-worker-watch", daemon=True)
+
+    def __enter__(self) -> WorkerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        end_marked(self.marker, grace=self.grace)
+
+    def _follow(self) -> None:
+        stopped_since: dict[int, float] = {}
+        while not self._done.wait(self.interval):
+            now = time.time()
+            for proc in find_marked(self.marker):
+                if proc.state != "T":
+                    stopped_since.pop(proc.pid, None)
+                elif sigterm_pending(proc.pid):
+                    _signal(proc.pid, signal.SIGCONT)
+                elif proc.rank is not None and proc.ppid == os.getpid() and self.first_stopped is None:
+                    if now - stopped_since.setdefault(proc.pid, now) >= self.after:
+                        self.first_stopped = proc

@@ -142,11 +142,11 @@ def _marked(marker: str) -> dict[int, dict[str, str]]:
     return found
 
 
-def _rank1_worker(marker: str, deadline: float) -> int:
+def _rank1_worker(marker: str, deadline: float, command: bytes = b"neurontrain.health.worker") -> int:
     while time.time() < deadline:
         for pid, env in _marked(marker).items():
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists() else b""
-            if env.get("RANK") == "1" and b"neurontrain.health.worker" in cmdline:
+            if env.get("RANK") == "1" and command in cmdline:
                 return pid
         time.sleep(0.02)
     raise AssertionError("rank 1's worker never started")
@@ -251,3 +251,23 @@ def test_run_with_a_failing_preflight_exits_3_before_training(tmp_path, recipes)
     assert res.returncode == 3, res.stderr[-2000:]
     assert "preflight failed" in res.stderr and "expected 4 devices per worker, found 1" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_run_with_a_worker_stopped_in_start_up_names_it_and_leaves_no_process(tmp_path, recipes):
+    """torchrun's agent path: rank 1 stopped while it imports; rank 0 gives up waiting for it at the rendezvous
+    (runtime.collective_timeout); the error names rank 1 first and no process of the run is left."""
+    marker = str(tmp_path)
+    cmd = [sys.executable, "-m", "neurontrain", "run", str(recipes / "tiny-bert-classification.yaml")]
+    cmd += ["--output-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--set", "runtime.collective_timeout=5"]
+    env = {**os.environ, "NT_TEST_MARKER": marker}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(_rank1_worker(marker, time.time() + 60, b"neurontrain\0run"), signal.SIGSTOP)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+        left = _marked(marker)
+    finally:
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left behind: {[(pid, env.get('RANK')) for pid, env in left.items()]}"
+    assert proc.returncode != 0
+    assert "worker rank 1 " in stderr and "stopped responding first" in stderr, stderr[-3000:]
