@@ -21,7 +21,7 @@ from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
-from neurontrain.loop.model import build_model
+from neurontrain.loop.model import build_model, save_pretrained
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
@@ -391,5 +391,5 @@ class Trainer:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
         cpu_state = {k: v.detach().cpu() for k, v in weights.items()}
-        self.model.save_pretrained(str(target), state_dict=cpu_state)
+        save_pretrained(self.model, target, cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))
