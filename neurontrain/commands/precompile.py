@@ -35,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="precompile a Lightning script instead of a recipe: FUNCTION returns (module, datamodule, Trainer "
         "kwargs with neurontrain.lightning.trainer_args()); a short fit visits every bucket and a checkpoint",
     )
-    parser.add_argument("--workers", type=int, help="parallel compiler processes (default: from cores and host RAM)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="parallel compiler processes (default: one per 64 GiB of host memory, rounded up, at least 1, "
+        "as neuron_parallel_compile picks)",
+    )
     parser.add_argument("--cache", help="local cache directory or s3://bucket/prefix (default: runtime.compile_cache)")
     parser.add_argument(
         "--local",

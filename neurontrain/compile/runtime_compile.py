@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import signal
 import subprocess
@@ -26,6 +27,17 @@ from neurontrain.logs import get_logger
 log = get_logger(__name__)
 
 PR_SET_PDEATHSIG = 1
+HOST_MEMORY_PER_WORKER = 64 << 30  # neuron_parallel_compile's own default: one compiler per 64 GiB of host RAM
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_compile_workers(memory_bytes: int) -> int:
+    """Parallel compiler processes when --workers is not given: one per 64 GiB of host memory (rounded up), as
+    the public neuron_parallel_compile picks, and at least 1. A neuronx-cc process can take tens of GiB."""
+    return max(1, math.ceil(memory_bytes / HOST_MEMORY_PER_WORKER))
 
 
 @dataclass
@@ -53,12 +65,14 @@ def _results(work_dir: Path, root: Path) -> dict[str, float]:
 def compile_modules(
     root: Path, modules: list[str], workers: int | None = None, timeout_seconds: float = 6 * 3600
 ) -> list[ModuleResult]:
-    """Compile every extracted module of the runtime cache at `root` that lacks a NEFF; report `modules`."""
+    """Compile every extracted module of the runtime cache at `root` that lacks a NEFF with `workers` compiler
+    processes (default: `default_compile_workers` of this host); report `modules`."""
     before = scan_modules(root)
     results = {m: ModuleResult(m, "cached") for m in modules if before.get(m) == "compiled"}
     if len(results) < len(modules):
         with tempfile.TemporaryDirectory(prefix="neurontrain-compile-") as work:
-            rc = _run_child(root.absolute(), Path(work), workers, timeout_seconds)
+            count = workers or default_compile_workers(host_memory_bytes())
+            rc = _run_child(root.absolute(), Path(work), count, timeout_seconds)
             seconds = _results(Path(work), root)
         after = scan_modules(root)
         for m in modules:
@@ -74,7 +88,7 @@ def compile_modules(
     return [results[m] for m in modules]
 
 
-def _run_child(root: Path, work: Path, workers: int | None, timeout_seconds: float) -> int:
+def _run_child(root: Path, work: Path, workers: int, timeout_seconds: float) -> int:
     cmd = [
         sys.executable,
         "-m",
@@ -82,7 +96,7 @@ def _run_child(root: Path, work: Path, workers: int | None, timeout_seconds: flo
         str(os.getpid()),
         str(root),
         str(work),
-        str(workers or 0),
+        str(workers),
     ]
     env = {**os.environ, "NEURON_PARALLEL_COMPILE_DUMP_RESULTS": "1"}
     proc = subprocess.Popen(cmd, cwd=work, env=env, start_new_session=True, stdout=sys.stderr)
@@ -117,8 +131,9 @@ def main(argv: list[str]) -> int:
     from libneuronxla.neuron_cc_cache import CacheUrl  # lazy: optional Neuron runtime
 
     start = time.perf_counter()
-    failed = _parallel_compile()(work, CacheUrl.get_cache_url(cache_dir=root), num_parallel=workers or None)
-    log.info(f"the runtime's parallel compile: {failed} failed, {time.perf_counter() - start:.1f} s")
+    failed = _parallel_compile()(work, CacheUrl.get_cache_url(cache_dir=root), num_parallel=workers)
+    seconds = time.perf_counter() - start
+    log.info(f"the runtime's parallel compile ({workers} workers): {failed} failed, {seconds:.1f} s")
     return 0
 
 

@@ -150,7 +150,8 @@ def verdict(ranks: dict[int, dict | None], expected: range | list[int]) -> list[
                 }
             )
         elif r.get("state") == "hung":
-            bad.append({"rank": rank, "host": host, "check": check, "problem": "hung (no heartbeat)"})
+            how = "hung (process stopped, no heartbeat)" if r.get("stopped") else "hung (no heartbeat)"
+            bad.append({"rank": rank, "host": host, "check": check, "problem": how})
         elif r.get("state") == "died":
             bad.append({"rank": rank, "host": host, "check": check, "problem": "died"})
         elif r.get("state") in ("failed", "terminated", "interrupted"):

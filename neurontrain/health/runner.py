@@ -26,8 +26,10 @@ from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
 from neurontrain.health.parsers import OPS, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
 from neurontrain.native import torchneuron_host
+from neurontrain.processes import end_marked, find_marked, new_marker, proc_state
 
-STALL_SECONDS = 3.0
+STALL_SECONDS = 3.0  # a worker stopped (state T) this long is hung
+KILL_GRACE_SECONDS = 1.0  # between SIGTERM (+ SIGCONT) and SIGKILL when the processes are ended
 
 
 @dataclass(kw_only=True)
@@ -89,33 +91,14 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _proc_state(pid: int) -> str:
-    """R/S/D (running or waiting), T (stopped, e.g. SIGSTOP), Z or "" (dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    return _proc_state(pid) not in ("", "Z", "X")
-
-
-def _kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)  # also ends stopped (SIGSTOP) processes
-        except ProcessLookupError:
-            pass
+def _end_all(proc: subprocess.Popen, marker: dict[str, str]) -> None:
+    """End torchrun and every process it started (re-parented, in their own sessions or stopped ones too)."""
+    end_marked(marker, grace=KILL_GRACE_SECONDS)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
-    deadline = time.time() + 5  # the workers are torchrun's children: wait until the kernel has reaped them
-    while time.time() < deadline and any(_alive(pid) for pid in pids):
-        time.sleep(0.05)
 
 
 def _torchrun_command(opts: HealthOptions, work: Path) -> list[str]:
@@ -130,7 +113,7 @@ def _torchrun_command(opts: HealthOptions, work: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "neurontrain.health.worker", *worker]
 
 
-def _start_node_check(opts: HealthOptions, work: Path) -> subprocess.Popen:
+def _start_node_check(opts: HealthOptions, work: Path, marker: dict[str, str]) -> subprocess.Popen:
     """The one process that checks the device the node's XLA:CPU workers share (the host)."""
     cmd = [sys.executable, "-m", "neurontrain.health.worker", "--node-device", str(work / "device.json")]
     cmd += ["--backend", opts.backend]
@@ -138,20 +121,30 @@ def _start_node_check(opts: HealthOptions, work: Path) -> subprocess.Popen:
         cmd += ["--expect-devices", str(opts.expect_devices)]
     (work / "device.json").unlink(missing_ok=True)
     device_log = open(work / "device.log", "wb")
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=device_log, start_new_session=True)
+    env = {**os.environ, **marker}
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=device_log, start_new_session=True, env=env)
 
 
-def _settle_states(reports: dict[int, dict], stalled: dict[int, str], timed_out: bool) -> None:
-    """A worker still "running" after the watch: stalled (died, hung), dead, hung at the deadline, or interrupted."""
-    for rank, rep in reports.items():
-        if rep.get("state") != "running":
-            continue  # done, failed (an error it raised), or terminated (stopped by the launcher)
-        if rank in stalled:
-            rep["state"] = stalled[rank]
-        elif not _alive(rep["pid"]):
-            rep["state"] = "died"
-        else:
-            rep["state"] = "hung" if timed_out else "interrupted"
+def _start_up_report(rank: int, pid: int) -> dict:
+    """A worker seen in /proc that never wrote its first heartbeat (it was still starting up)."""
+    host = socket.gethostname()
+    return {"rank": rank, "host": host, "pid": pid, "state": "running", "current": {"check": "start-up"}}
+
+
+def _settle_states(reports: dict[int, dict], stalled: dict[int, str], timed_out: bool, local: range) -> None:
+    """A worker still "running" after the watch: stalled (died, hung), dead, stopped (hung), hung at the deadline,
+    or interrupted; one that waited on a peer which died, stopped or never started is not blamed."""
+    running = [rank for rank, rep in reports.items() if rep.get("state") == "running"]
+    for rank in running:  # done, failed (an error it raised), or terminated (stopped by the launcher) stay
+        rep = reports[rank]
+        state = proc_state(rep["pid"])
+        if rank in stalled or state in ("", "Z", "X", "T"):
+            rep["state"] = stalled.get(rank) or ("hung" if state == "T" else "died")
+            rep["stopped"] = state == "T"
+    culprit = any(reports[rank]["state"] != "running" for rank in running) or len(reports) < len(local)
+    for rank in running:
+        if reports[rank]["state"] == "running":
+            reports[rank]["state"] = "hung" if timed_out and not culprit else "interrupted"
 
 
 def _device_problems(device: dict | None, local: range) -> list[dict]:
@@ -183,20 +176,16 @@ def run_health(opts: HealthOptions) -> dict:
     cmd = _torchrun_command(opts, work)
     # Workers on XLA:CPU share one device, the host: it is checked once, by a process started beside the
     # launcher (so its torch-xla start-up overlaps the launch). Neuron and GPU workers check their own device.
-    node_check = None
+    node_check, node_marker = None, new_marker()
     if workers_share_the_host(resolve_backend_name(opts.backend)):
         cmd.append("--skip-device")
-        node_check = _start_node_check(opts, work)
-    log = open(work / "torchrun.log", "wb")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        node_check = _start_node_check(opts, work, node_marker)
     local = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
-    stalled, timed_out = _watch(proc, work, local, start + opts.timeout)
-    reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
-    _settle_states(reports, stalled, timed_out)
-    _kill_all(proc, [rep["pid"] for rep in reports.values()])
-    log.close()
-    device = _finish_node_check(node_check, work, start + opts.timeout)
+    try:
+        reports, timed_out = _run_workers(cmd, work, local, start + opts.timeout)
+        device = _finish_node_check(node_check, work, start + opts.timeout)
+    finally:
+        end_marked(node_marker, grace=KILL_GRACE_SECONDS)
     result = {
         "started_at": start,
         "world_size": opts.nproc_per_node * opts.nnodes,
@@ -212,21 +201,43 @@ def run_health(opts: HealthOptions) -> dict:
     return _conclude(result, opts, reports, local, mode)
 
 
-def _watch(proc: subprocess.Popen, work: Path, local: range, deadline: float) -> tuple[dict[int, str], bool]:
+def _run_workers(cmd: list[str], work: Path, local: range, deadline: float) -> tuple[dict[int, dict], bool]:
+    """Run torchrun's workers under the deadline; every process it started is gone when this returns."""
+    marker = new_marker()  # in the environment of every process started here, to find and end them all
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **marker}
+    with open(work / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        stalled, timed_out, starting = _watch(proc, work, local, deadline, marker)
+        reports = {r: rep for r in local if (rep := _read(work / f"rank{r}.json"))}
+        reports |= {r: _start_up_report(r, pid) for r, pid in starting.items() if r not in reports}
+        _settle_states(reports, stalled, timed_out, local)
+    finally:
+        _end_all(proc, marker)
+    return reports, timed_out
+
+
+def _watch(
+    proc: subprocess.Popen, work: Path, local: range, deadline: float, marker: dict[str, str]
+) -> tuple[dict[int, str], bool, dict[int, int]]:
     """Follow the workers' heartbeats and process states until all are done, one died or stopped, or the
-    deadline passed; returns ({rank: "died"|"hung"}, timed out)."""
+    deadline passed; returns ({rank: "died"|"hung"}, timed out, {rank: pid} of workers that never wrote a
+    heartbeat but were seen starting up)."""
     stalled: dict[int, str] = {}
     stopped_since: dict[int, float] = {}
+    starting: dict[int, int] = {}
     while proc.poll() is None:
         now = time.time()
-        states = [(_read(work / f"rank{r}.json") or {}).get("state") for r in local]
-        if all(state == "done" for state in states):
+        reports = {r: _read(work / f"rank{r}.json") for r in local}
+        if all((rep or {}).get("state") == "done" for rep in reports.values()):
             break  # every worker finished: no need to wait for the launcher's own shutdown
+        if not all(reports.values()):  # torchrun's own children, found by RANK before their first heartbeat
+            starting |= {m.rank: m.pid for m in find_marked(marker) if m.rank in local and m.ppid == proc.pid}
         for rank in local:
-            report = _read(work / f"rank{rank}.json")
-            if not report or report.get("state") != "running":
+            report = reports[rank]
+            if report and report.get("state") != "running" or not report and rank not in starting:
                 continue
-            state = _proc_state(report["pid"])
+            state = proc_state(report["pid"] if report else starting[rank])
             if state in ("", "Z", "X"):
                 stalled[rank] = "died"
             elif state == "T":
@@ -237,9 +248,9 @@ def _watch(proc: subprocess.Popen, work: Path, local: range, deadline: float) ->
         if stalled:
             break
         if now > deadline:
-            return stalled, True
+            return stalled, True, starting
         time.sleep(0.2)
-    return stalled, False
+    return stalled, False, starting
 
 
 def _conclude(result: dict, opts: HealthOptions, reports: dict, local: range, mode: NccomMode | None) -> dict:

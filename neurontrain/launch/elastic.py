@@ -10,6 +10,7 @@ import uuid
 
 from neurontrain.errors import NeurontrainError, UsageError, first_line
 from neurontrain.launch.topology import Topology, torchrun_args
+from neurontrain.processes import MARKER, Marked, WorkerWatch, new_marker
 
 
 class WorkersFailed(NeurontrainError):
@@ -41,21 +42,13 @@ def launch(topology: Topology, worker_argv: list[str], *, script: bool = False) 
     # The agent logs every restart and failure at WARNING/ERROR with tracebacks; our one-line summary is enough.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     where = topology.rdzv_endpoint or f"{topology.master_addr}:{topology.master_port}"
+    marker = new_marker()  # inherited by every worker and its children: all are found and ended on return
+    os.environ.update(marker)
     try:
-        elastic_launch(config, cmd)(*cmd_args)
+        with WorkerWatch(marker) as watch:
+            elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode
-        how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with code {code}"
-        restarts = (
-            f" after {topology.max_restarts} restart{'s' if topology.max_restarts != 1 else ''}"
-            if topology.max_restarts
-            else ""
-        )
-        raise WorkersFailed(
-            f"worker rank {rank} (pid {failure.pid}) {how}{restarts}; see its error above",
-            code if code in (2, 3) else 1,
-        ) from None
+        raise _workers_failed(exc, topology, watch.first_stopped) from None
     except RendezvousError as exc:
         raise WorkersFailed(
             f"rendezvous at {where} failed within {topology.rdzv_timeout} s ({type(exc).__name__}: {first_line(exc)})",
@@ -65,6 +58,28 @@ def launch(topology: Topology, worker_argv: list[str], *, script: bool = False) 
         raise WorkersFailed(
             f"cannot start the workers' rendezvous at {where}: {type(exc).__name__}: {first_line(exc, limit=300)}", 1
         ) from None
+    finally:
+        os.environ.pop(MARKER, None)
+
+
+def _workers_failed(exc, topology: Topology, stopped: Marked | None) -> WorkersFailed:
+    """The first failed worker, after the worker seen stopped (SIGSTOP: state T) if there was one: the others
+    failed waiting on it."""
+    rank, failure = exc.get_first_failure()
+    code = failure.exitcode
+    how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with code {code}"
+    restarts = (
+        f" after {topology.max_restarts} restart{'s' if topology.max_restarts != 1 else ''}"
+        if topology.max_restarts
+        else ""
+    )
+    message = f"worker rank {rank} (pid {failure.pid}) {how}{restarts}; see its error above"
+    if stopped is not None:
+        message = (
+            f"worker rank {stopped.rank} (pid {stopped.pid}) stopped responding first: its process was stopped "
+            f"(state T, e.g. SIGSTOP); then {message}"
+        )
+    return WorkersFailed(message, code if code in (2, 3) else 1)
 
 
 def check_master_address(topology: Topology) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import importlib.util
 import itertools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -259,3 +264,46 @@ def eval_statistics(outputs: Any, labels: torch.Tensor, task: str) -> torch.Tens
         correct = ((outputs.logits.argmax(-1) == labels) & valid).sum()
     counted = counted.to(torch.float32)
     return torch.stack([outputs.loss.float() * counted, counted, correct.to(torch.float32)])
+
+
+# The packages DeepSpeed's accelerator detection imports (besides torch's own CUDA, XPU and MPS)
+_DEEPSPEED_ACCELERATOR_PACKAGES = (
+    "torch_npu",
+    "torch_sdaa",
+    "habana_frameworks",
+    "torch_mlu",
+    "torch_supa",
+    "torch_xmlir",
+)
+
+
+def _deepspeed_would_pick_the_cpu() -> bool:
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        return False
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return False
+    return not any(importlib.util.find_spec(name) for name in _DEEPSPEED_ACCELERATOR_PACKAGES)
+
+
+@contextlib.contextmanager
+def _deepspeed_accelerator_named() -> Iterator[None]:
+    """transformers' save_pretrained loads DeepSpeed where it is installed (unwrap_model -> accelerate's
+    extract_model_from_parallel -> `from deepspeed import DeepSpeedEngine`), and loading it picks DeepSpeed's
+    accelerator: finding none, it warns "Setting accelerator to CPU ..." on stdout, among the JSON `run` prints.
+    Where DeepSpeed would pick the CPU anyway, its own DS_ACCELERATOR variable names it, silently; only while
+    nothing named one and DeepSpeed is not loaded yet, and only for the call."""
+    name = "" if "DS_ACCELERATOR" in os.environ or "deepspeed" in sys.modules else "cpu"
+    if name and _deepspeed_would_pick_the_cpu():
+        os.environ["DS_ACCELERATOR"] = name
+        try:
+            yield
+        finally:
+            os.environ.pop("DS_ACCELERATOR", None)
+    else:
+        yield
+
+
+def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor]) -> None:
+    """`model.save_pretrained` without DeepSpeed's accelerator warning (`_deepspeed_accelerator_named`)."""
+    with _deepspeed_accelerator_named():
+        model.save_pretrained(str(target), state_dict=state_dict)

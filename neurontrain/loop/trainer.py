@@ -22,7 +22,7 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
-from neurontrain.loop.model import build_model
+from neurontrain.loop.model import build_model, save_pretrained
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
@@ -396,5 +396,5 @@ class Trainer:
         target = self.output_dir / "model"
         cpu_state = {k: v.detach().cpu() for k, v in weights.items()}
         check_finite_weights(cpu_state, self.recipe.train.max_steps, "the final model")
-        self.model.save_pretrained(str(target), state_dict=cpu_state)
+        save_pretrained(self.model, target, cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))

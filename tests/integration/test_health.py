@@ -127,6 +127,59 @@ def test_a_stopped_or_killed_worker_is_named(tmp_path, sig):
     _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
 
 
+def _marked(marker: str) -> dict[int, dict[str, str]]:
+    """The live processes whose environment carries the test's marker: {pid: environment}."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            raw = (entry / "environ").read_bytes() if entry.name.isdigit() else b""
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] if raw else "X"
+        except OSError:
+            continue
+        env = dict(e.split("=", 1) for e in raw.decode(errors="replace").split("\0") if "=" in e)
+        if env.get("NT_TEST_MARKER") == marker and state not in ("Z", "X"):
+            found[int(entry.name)] = env
+    return found
+
+
+def _rank1_worker(marker: str, deadline: float, command: bytes = b"neurontrain.health.worker") -> int:
+    while time.time() < deadline:
+        for pid, env in _marked(marker).items():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists() else b""
+            if env.get("RANK") == "1" and command in cmdline:
+                return pid
+        time.sleep(0.02)
+    raise AssertionError("rank 1's worker never started")
+
+
+@pytest.mark.parametrize("when", ["start-up", "after its first heartbeat"])
+def test_a_worker_stopped_is_blamed_and_ended_with_every_process_of_the_run(tmp_path, when):
+    """SIGSTOP to rank 1 while it imports (no heartbeat yet) or after its first heartbeat: exit 3 naming rank 1
+    (rank 0, waiting on it, is not blamed), and no process of the run is left, the stopped one included."""
+    marker = str(tmp_path)
+    start = time.time()
+    proc = _start(tmp_path, "--timeout", "20", env={"NT_TEST_MARKER": marker})
+    victim = _rank1_worker(marker, start + 20)
+    if when != "start-up":
+        while not (tmp_path / "work" / "rank1.json").exists() and time.time() < start + 20:
+            time.sleep(0.02)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        _, stderr = proc.communicate(timeout=40)
+        left = _marked(marker)  # as the command returns
+    finally:
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left behind: {[(pid, env.get('RANK')) for pid, env in left.items()]}"
+    assert proc.returncode == 3, stderr[-3000:]
+    out = read_json(tmp_path / "out.json")
+    # the node's device check, slow on a loaded host, may be named too, after the workers
+    assert [b["rank"] for b in out["bad_ranks"] if isinstance(b["rank"], int)] == [1], out["bad_ranks"]
+    assert out["bad_ranks"][0]["problem"] == "hung (process stopped, no heartbeat)"
+    assert "rank 1 on" in stderr
+    assert time.time() - start < 20 + 10
+
+
 def test_a_worker_returning_wrong_data_is_named(tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -198,3 +251,23 @@ def test_run_with_a_failing_preflight_exits_3_before_training(tmp_path, recipes)
     assert res.returncode == 3, res.stderr[-2000:]
     assert "preflight failed" in res.stderr and "expected 4 devices per worker, found 1" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_run_with_a_worker_stopped_in_start_up_names_it_and_leaves_no_process(tmp_path, recipes):
+    """torchrun's agent path: rank 1 stopped while it imports; rank 0 gives up waiting for it at the rendezvous
+    (runtime.collective_timeout); the error names rank 1 first and no process of the run is left."""
+    marker = str(tmp_path)
+    cmd = [sys.executable, "-m", "neurontrain", "run", str(recipes / "tiny-bert-classification.yaml")]
+    cmd += ["--output-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--set", "runtime.collective_timeout=5"]
+    env = {**os.environ, "NT_TEST_MARKER": marker}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(_rank1_worker(marker, time.time() + 60, b"neurontrain\0run"), signal.SIGSTOP)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+        left = _marked(marker)
+    finally:
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left behind: {[(pid, env.get('RANK')) for pid, env in left.items()]}"
+    assert proc.returncode != 0
+    assert "worker rank 1 " in stderr and "stopped responding first" in stderr, stderr[-3000:]

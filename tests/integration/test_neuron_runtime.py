@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, read_json, run_cli
 
+from neurontrain.compile.runtime_compile import default_compile_workers, host_memory_bytes
+
 pytestmark = pytest.mark.slow
 
 SHORT = ["--set", "train.max_steps=4", "--set", "train.log_every=2", "--set", "train.schedule.warmup_steps=1"]
@@ -49,6 +51,10 @@ def test_after_precompile_every_run_graph_is_a_cache_hit(tmp_path, recipes, neur
     assert all({"model.neff", "model.done"} <= files for files in _modules(cache).values())
     assert report["failed"] == 0 and report["compiled"] == len(named)
     assert all(g["modules"] for g in manifest["graphs"])
+    # no --workers: the compile pool's size is passed, one per 64 GiB of this host's memory
+    assert [e["num_parallel"] for e in _events(read_log, "parallel_compile")] == [
+        default_compile_workers(host_memory_bytes())
+    ]
 
     start = len(read_log())
     run = run_cli("run", *args, "--output-dir", str(tmp_path / "run1"), env=env)

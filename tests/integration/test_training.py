@@ -1,5 +1,6 @@
 """Real training through torch-xla on XLA:CPU, each run in its own process."""
 
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,10 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
     ):
         assert key in summary, key
     assert summary["backend"] == "xla-cpu"
+    # stdout holds the result line alone: no library's warning (DeepSpeed's accelerator pick, where it is
+    # installed, loaded by save_pretrained) among it or on stderr
+    assert json.loads(result.stdout)["steps"] == summary["steps"]
+    assert "Setting accelerator" not in result.stdout + result.stderr
     assert summary["unexpected_graphs"] == 0, summary["unexpected"]
     assert summary["hidden_host_syncs"] == []
     step_kinds = 2  # train, eval

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from neurontrain.compile.runtime_compile import default_compile_workers
 from neurontrain.compile.store import (
     ENTRY_RECORD,
     install_entry,
@@ -83,3 +84,10 @@ def test_verify_local_names_altered_and_truncated_files(tmp_path):
     problems = {p["entry"]: p["problem"] for p in verify_local(tmp_path)}
     assert problems["graphs/g1"].startswith("altered")
     assert problems["graphs/g2"].startswith("truncated")
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "workers"), [(0, 1), (1, 1), (16, 1), (64, 1), (65, 2), (128, 2), (512, 8), (2048, 32)]
+)
+def test_default_compile_workers_is_one_per_64_gib_of_host_memory_at_least_one(memory_gib, workers):
+    assert default_compile_workers(memory_gib << 30) == workers

@@ -82,3 +82,8 @@ def test_verdict_names_culprits_not_victims():
     ]
     assert verdict({0: victim, 1: done}, [0, 1])[0]["rank"] == 0  # no culprit: the victim is named
     assert verdict({0: done, 1: done}, [0, 1]) == []
+    stopped = {"state": "hung", "stopped": True, "host": "h", "current": {"check": "start-up"}}
+    waited = {"state": "interrupted", "host": "h", "current": {"check": "rendezvous"}}
+    assert verdict({0: waited, 1: stopped}, [0, 1]) == [
+        {"rank": 1, "host": "h", "check": "start-up", "problem": "hung (process stopped, no heartbeat)"}
+    ]

@@ -42,6 +42,7 @@ def _compile_one(args):
 def parallel_compile(work_dir, cache_url, num_parallel=None, **_):
     cache = create_compile_cache(cache_url)
     todo, _locked, _done, _failed = cache.get_hlos()
+    asked = num_parallel  # what the caller passed, in the event log
     num_parallel = num_parallel or max(
         1, math.ceil(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (64 << 30))
     )
@@ -64,7 +65,7 @@ def parallel_compile(work_dir, cache_url, num_parallel=None, **_):
     if os.environ.get("NEURON_PARALLEL_COMPILE_DUMP_RESULTS"):
         with open(f"neuron_parallel_compile_results_{int(start)}.json", "w") as fh:
             json.dump(summary, fh)
-    _standin.log_event("parallel_compile", compiled=len(report), cache=cache.cache_path)
+    _standin.log_event("parallel_compile", compiled=len(report), cache=cache.cache_path, num_parallel=asked)
     return summary["compilation_summary"]["false"]
 
 
