@@ -31,8 +31,10 @@ class Encoder(pl.LightningModule):
         self.embed = torch.nn.Embedding(VOCAB, HIDDEN, padding_idx=0 if "p" in V else None)
         ff = 2048 if "f" in V else 64
         self.layer = torch.nn.TransformerEncoderLayer(
-            HIDDEN, nhead=4, dim_feedforward=ff, dropout=0.0, batch_first=True
+            HIDDEN, nhead=4, dim_feedforward=ff, dropout=0.0, batch_first=True, **({"norm_first": True, "activation": "gelu"} if "w" in V else {})
         )
+        if "w" in V:
+            self.layer = torch.nn.TransformerEncoder(self.layer, num_layers=2)
         self.head = torch.nn.Linear(HIDDEN, VOCAB)
         if "t" in V:
             self.head.weight = self.embed.weight
@@ -57,7 +59,16 @@ class Encoder(pl.LightningModule):
         self.log("val_loss", self._loss(batch), prog_bar=True, **({"sync_dist": True} if "y" in self.V else {}))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        if "g" in self.V:
+            decay = [p for n, p in self.named_parameters() if p.dim() >= 2]
+            no = [p for n, p in self.named_parameters() if p.dim() < 2]
+            opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no, "weight_decay": 0.0}], lr=1e-3)
+        else:
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        if "L" in self.V:
+            sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sch, "interval": "step"}}
+        return opt
 
 
 class Sequences(Dataset):

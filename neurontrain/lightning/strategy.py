@@ -164,6 +164,8 @@ class NeurontrainStrategy(SingleDeviceStrategy):
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         accumulating = any(p.grad is not None for p in self.lightning_module.parameters())
         out = super().backward(closure_loss, optimizer, *args, **kwargs)
+        if not accumulating and self.session.accumulate > 1:
+            runtime.accumulated_form(self.lightning_module)
         self.session.sync("train-accum" if accumulating else "train")
         return out
 
