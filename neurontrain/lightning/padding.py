@@ -50,6 +50,14 @@ def sequence_length(batch: Mapping[str, Any]) -> int | None:
     return None
 
 
+def batch_rows(batch: Mapping[str, Any]) -> int | None:
+    """Rows of a dict batch: dimension 0 of its first tensor of one or more dimensions; None when it has none."""
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            return int(value.shape[0])
+    return None
+
+
 def target_length(length: int, buckets: Sequence[int]) -> int:
     """The bucket a batch of `length` pads to; a batch longer than every bucket keeps its length (the guard
     names it as a shape the plan does not have)."""

@@ -86,3 +86,20 @@ def choose_plan(trainer: Any, options: Options, module: Any, backend: str) -> tu
         multiple=options.pad_to_multiple_of,
     )
     return buckets, "auto", batch_size or rows
+
+
+def eval_loader_rows(trainer: Any, dataloader_idx: int = 0) -> int | None:
+    """The batch size of the eval loader a batch comes from (validation, test or predict: Lightning's public
+    `*_dataloaders`), None when it has none (a batch sampler)."""
+    if trainer.testing:
+        loaders = trainer.test_dataloaders
+    elif trainer.predicting:
+        loaders = trainer.predict_dataloaders
+    else:
+        loaders = trainer.val_dataloaders
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[dataloader_idx] if 0 <= dataloader_idx < len(loaders) else None
+    rows = getattr(loaders, "batch_size", None)
+    return rows if isinstance(rows, int) else None

@@ -98,3 +98,20 @@ def settle_parameters(module: Any) -> None:
     with torch.no_grad():
         for param in module.parameters():
             param.copy_(param.detach().clone())
+
+
+def accumulated_form(module: Any) -> None:
+    """Give the gradients of a window's first micro-batch the form accumulation leaves them in: each added in
+    place to zeros, as autograd adds a later micro-batch's to it. Without it an optimizer step after a window
+    of one micro-batch (an epoch's last batch when its length is not a multiple of the accumulation) traces a
+    module of its own (measured with nn.TransformerEncoderLayer, accumulation 2: the optimizer graph's bias
+    gradients arrive as f32[n] after one micro-batch, f32[1,1,n] after two; one compile more, at run time on
+    Neuron). Parameters without a gradient keep None (AdamW skips them); values are unchanged."""
+    import torch
+
+    with torch.no_grad():
+        for param in module.parameters():
+            grad = param.grad
+            if grad is not None:
+                param.grad = torch.zeros_like(grad)
+                param.grad.add_(grad)

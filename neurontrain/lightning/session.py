@@ -7,7 +7,7 @@ The strategy and the callback share one `Session`; neither imports the other.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.lightning import runtime
-from neurontrain.lightning.padding import Padding, pad_batch, resize_batch, sequence_length
+from neurontrain.lightning.padding import Padding, batch_rows, pad_batch, resize_batch, sequence_length
 from neurontrain.logs import get_logger
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.summary import RunSummary
@@ -78,6 +78,7 @@ class Session:
     counters_at_start: dict = field(default_factory=dict)
     train_steps_at_start: int = 0
     precompile: Any = None  # a PrecompileFit during `neurontrain precompile --lightning`
+    eval_rows: int = 0  # rows an eval batch is padded to, once more than the train loader's batch size
 
     # -- plan -------------------------------------------------------------------------------------------------
     def start(self, buckets: list[int], mode: str, accumulate: int, evaluates: bool, rows: int | None) -> None:
@@ -99,13 +100,15 @@ class Session:
         log.info(f"lightning: buckets {buckets} ({mode}), {len(self.keys)} planned graphs")
 
     # -- batches ----------------------------------------------------------------------------------------------
-    def pad(self, batch: Any, training: bool) -> Any:
-        """The host batch padded to its bucket; records its shapes for the guard and tokens for the summary."""
+    def pad(self, batch: Any, training: bool, loader_rows: int | None = None) -> Any:
+        """The host batch padded to its bucket; records its shapes for the guard and tokens for the summary.
+        loader_rows: an eval batch's loader batch size (see `eval_padding`)."""
         if self.padding is None or not isinstance(batch, dict) and not hasattr(batch, "keys"):
             return batch
         length = sequence_length(batch)
+        padding = self.padding if training else self.eval_padding(batch, loader_rows)
         target = self.precompile.target(training) if self.precompile is not None else None
-        padded = pad_batch(batch, self.padding) if target is None else resize_batch(batch, target, self.padding)
+        padded = pad_batch(batch, padding) if target is None else resize_batch(batch, target, padding)
         new_length = sequence_length(padded)
         self.length = new_length
         self.shapes = {k: list(v.shape) for k, v in padded.items() if isinstance(v, torch.Tensor)}
@@ -116,6 +119,17 @@ class Session:
             self.real_tokens += int(mask.sum()) if isinstance(mask, torch.Tensor) else length * rows
             self.slot_tokens += rows * new_length
         return padded
+
+    def eval_padding(self, batch: Any, loader_rows: int | None) -> Padding:
+        """An eval batch's padding: rows up to the largest of the train loader's batch size, the eval loader's and
+        any eval batch so far. An eval loader with bigger batches than the train loader's (its partial last batch
+        padded to the train loader's size, measured: a second `eval` graph in the sanity check) then gives each
+        eval bucket one shape."""
+        padding = self.padding
+        if padding is None or padding.rows is None:
+            return padding
+        self.eval_rows = max(padding.rows, loader_rows or 0, batch_rows(batch) or 0, self.eval_rows)
+        return padding if self.eval_rows == padding.rows else replace(padding, rows=self.eval_rows)
 
     # -- syncs ------------------------------------------------------------------------------------------------
     def sync(self, kind: str) -> None:

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from neurontrain.compile.neuron_runtime import prepare_runtime
 from neurontrain.lightning import internals, runtime
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
-from neurontrain.lightning.plan import choose_plan
+from neurontrain.lightning.plan import choose_plan, eval_loader_rows
 from neurontrain.lightning.session import Session
 from neurontrain.loop.optim import materialize_optimizer_state
 
@@ -133,8 +133,10 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         return tensor
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        training = bool(self.lightning_module is not None and self.lightning_module.trainer.training)
-        return super().batch_to_device(self.session.pad(batch, training), device, dataloader_idx)
+        module = self.lightning_module
+        training = bool(module is not None and module.trainer.training)
+        rows = None if training or module is None else eval_loader_rows(module.trainer, dataloader_idx)
+        return super().batch_to_device(self.session.pad(batch, training, rows), device, dataloader_idx)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.session.stepped = False
@@ -162,6 +164,8 @@ class NeurontrainStrategy(SingleDeviceStrategy):
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         accumulating = any(p.grad is not None for p in self.lightning_module.parameters())
         out = super().backward(closure_loss, optimizer, *args, **kwargs)
+        if not accumulating and self.session.accumulate > 1:
+            runtime.accumulated_form(self.lightning_module)
         self.session.sync("train-accum" if accumulating else "train")
         return out
 

@@ -2,7 +2,9 @@
 optimization, prog_bar logging, validation, a dynamic-padding loader, ModelCheckpoint, accumulation 2, clipping,
 a per-step LR schedule): only the planned graphs, the same count on a short and a longer run, no hidden host
 syncs, the losses of eager CPU Lightning; plain Lightning with a bare shim compiles more; the guard stops on an
-unplanned shape and names an `.item()` in `training_step`; a failed preflight exits 3.
+unplanned shape and names an `.item()` in `training_step`; a failed preflight exits 3. A second module
+(tests/lightning_encoder.py: torch's TransformerEncoderLayer, validation batches bigger than the training ones,
+epochs of an odd number of batches) compiles only its planned graphs too.
 
 The runs are module-scoped, shared by the assertions, and run two at a time (two cores).
 """
@@ -25,12 +27,15 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lightning_tiny.py"
+ENCODER = REPO / "tests" / "lightning_encoder.py"
 SHORT, LONG = 40, 100  # validation every 10 steps (an epoch)
 
 
 def _start(out: Path, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PJRT_DEVICE": "CPU", **(extra_env or {})}
-    command = [sys.executable, str(EXAMPLE), "--output-dir", str(out), *args]
+    script = ENCODER if args[0] == "encoder" else EXAMPLE
+    args = args[1:] if args[0] == "encoder" else args
+    command = [sys.executable, str(script), "--output-dir", str(out), *args]
     if args[0] == "precompile":  # the CLI, on the example's build function with the long run's arguments
         spec = f"{EXAMPLE}:build --output-dir {out / 'fit'} {' '.join(args[1:])}"
         command = [sys.executable, "-m", "neurontrain", "precompile", "--lightning", spec, "--cache", str(out)]
@@ -69,6 +74,7 @@ RUNS = {  # name: arguments; two at a time (two cores), each next one when the e
     "eager": ["--max-steps", str(SHORT), "--eager"],
     "fail": ["--max-steps", "3", "--buckets", "16,32", "--recompile-guard", "fail"],
     "preflight": ["--max-steps", "2", "--expected-devices", "4"],
+    "encoder": ["encoder", "--max-steps", "24"],  # tests/lightning_encoder.py
 }
 
 
@@ -110,6 +116,17 @@ def test_only_the_planned_graphs_compile_and_the_count_is_flat(runs):
     assert runs["long"]["summary"]["host_reads_per_step"] < 1.6
     assert runs["short"]["summary"]["host_reads_per_step"] < 1.6
     assert (runs["short"]["out"] / "checkpoints").is_dir() and any((runs["short"]["out"] / "checkpoints").iterdir())
+
+
+def test_a_torch_encoder_layer_with_bigger_eval_batches_and_odd_epochs_compiles_only_its_plan(runs):
+    """The sanity check's second validation batch has fewer rows than its first (padded to its loader's batch
+    size, not the training loader's), and each epoch ends with an optimizer step after one micro-batch (its
+    gradients in accumulation's form): before both, 8 compilations for 6 planned graphs."""
+    summary = _ok(runs["encoder"])["summary"]
+    assert summary["unexpected_graphs"] == 0, summary["unexpected"]
+    assert summary["compilations"] == summary["distinct_graphs"] == summary["expected_graphs"] == 6
+    assert summary["hidden_host_syncs"] == []
+    assert summary["steps"] == 24
 
 
 def test_plain_lightning_with_a_bare_shim_compiles_more(runs):

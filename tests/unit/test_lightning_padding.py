@@ -11,8 +11,8 @@ import torch
 from neurontrain.errors import UsageError
 from neurontrain.lightning.args import check_not_mixed, trainer_args
 from neurontrain.lightning.padding import IGNORE_INDEX, Padding, auto_buckets, check_buckets, pad_batch, target_length
-from neurontrain.lightning.plan import loader_lengths
-from neurontrain.lightning.session import planned_keys
+from neurontrain.lightning.plan import eval_loader_rows, loader_lengths
+from neurontrain.lightning.session import Options, Session, planned_keys
 
 
 def _batch(rows: int, length: int) -> dict:
@@ -52,6 +52,29 @@ def test_a_batch_longer_than_every_bucket_keeps_its_length_for_the_guard_to_name
     assert target_length(20, [8, 16]) == 20
     assert pad_batch(_batch(1, 20), Padding([8, 16]))["input_ids"].shape == (1, 20)
     assert target_length(9, [8, 16]) == 16 and target_length(8, [8, 16]) == 8
+
+
+def test_eval_batches_pad_to_the_largest_of_the_loaders_batch_sizes():
+    """Validation batches of 16 rows (train 8): its partial batch of 8 pads to 16, not to the train loader's 8;
+    train batches keep the train loader's rows."""
+    session = Session(Options(), backend=None)
+    session.padding = Padding([8], rows=8)
+    shapes = []
+    for rows, training, loader_rows in ((16, False, 16), (8, False, 16), (3, False, None), (5, True, None)):
+        padded = session.pad(_batch(rows, 5), training, loader_rows)
+        shapes.append(list(padded["input_ids"].shape))
+    assert shapes == [[16, 8], [16, 8], [16, 8], [8, 8]]
+    session.padding = Padding([8], rows=None)  # pad_rows=False: rows stay as they come
+    assert list(session.pad(_batch(3, 5), False, 16)["input_ids"].shape) == [3, 8]
+
+
+def test_eval_loader_rows_from_lightnings_public_loaders():
+    loader = torch.utils.data.DataLoader(list(range(10)), batch_size=4)
+    trainer = type("T", (), {"testing": False, "predicting": False, "val_dataloaders": [loader, object()]})()
+    assert eval_loader_rows(trainer, 0) == 4 and eval_loader_rows(trainer, 1) is None
+    assert eval_loader_rows(trainer, 5) is None
+    trainer.val_dataloaders = loader
+    assert eval_loader_rows(trainer) == 4
 
 
 def test_auto_buckets_follow_the_cost_model():
