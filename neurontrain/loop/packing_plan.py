@@ -55,7 +55,7 @@ def _reason(chosen: bool, packed: PackingEstimate, bucketed_seconds: float, buck
     what = "packing" if chosen else "no packing"
     return (
         f"data.packing auto: {what}: the cost model puts packed rows at {packed.seconds:.1f} s "
-        f"({packed.steps:.0f} steps of {packed.documents_per_row:.1f} samples a row, padding "
+        f"({packed.documents_per_row:.1f} samples a row, padding "
         f"{packed.padding_fraction:.2f}) against {bucketed_seconds:.1f} s for buckets {bucketed.lengths or 'dynamic'} "
         "on the same samples"
     )
@@ -119,4 +119,27 @@ def decide_packing(
         return PackingDecision(None, summary | {"chosen": False, "reason": reason})
     chosen = packed.seconds < seconds
     reason = _reason(chosen, packed, seconds, bucketed)
-    return PackingDecision(packing if chosen else None, summary | {"chosen": chosen, "reason": reason})
+    if not chosen:
+        return PackingDecision(None, summary | {"chosen": False, "reason": reason})
+    rows = packed_rows(spec.batch_size, packed.documents_per_row)
+    reason += (
+        f"; {rows} packed rows a step (about {rows * packed.documents_per_row:.0f} samples: a step sees about the "
+        f"data.batch_size {spec.batch_size} samples an unpacked step does)"
+    )
+    return PackingDecision(packing, summary | {"chosen": True, "reason": reason, "rows_per_step": rows})
+
+
+def packed_rows(batch_size: int, samples_per_row: float) -> int:
+    """Packed rows a step takes under data.packing auto: as many as hold about data.batch_size samples (at least
+    one), so a step means what it meant unpacked (same samples, same learning-rate scale), with less padding."""
+    return max(1, round(batch_size / max(samples_per_row, 1.0)))
+
+
+def with_packed_rows(recipe: Recipe, summary: dict | None) -> Recipe:
+    """The recipe with data.batch_size (and an unset data.eval_batch_size's rows) as the packed rows auto chose."""
+    rows = (summary or {}).get("rows_per_step")
+    spec = recipe.data
+    if rows is None or rows == spec.batch_size:
+        return recipe
+    update = {"batch_size": rows, "eval_batch_size": spec.eval_batch_size or spec.batch_size}
+    return recipe.model_copy(update={"data": spec.model_copy(update=update)})

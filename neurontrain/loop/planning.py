@@ -22,7 +22,7 @@ from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
 from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
-from neurontrain.loop.packing_plan import BucketedSide, decide_packing
+from neurontrain.loop.packing_plan import BucketedSide, decide_packing, with_packed_rows
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.recipe import Recipe
@@ -325,6 +325,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
             f"runtime gets them where it is installed; {backend} never sees them"
         )
     buckets = _with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
+    recipe = with_packed_rows(recipe, buckets.packing_summary)  # auto packing: about batch_size samples a step
     batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
     memory = plan_recipe_memory(with_world(recipe, world // tp), config, backend, world, max(batching.used))
     if memory.enforced and not memory.fits:

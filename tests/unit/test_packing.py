@@ -164,6 +164,11 @@ def test_auto_packs_where_the_cost_model_says_so_and_says_why():
     assert any(note.startswith("data.packing auto: packing:") for note in plan.notes)
     summary = plan.packing_summary
     assert summary["estimate_seconds"] < summary["unpacked"]["estimate_seconds"]
+    # a step keeps its meaning: about data.batch_size (16) samples, in fewer rows
+    rows = summary["rows_per_step"]
+    assert plan.recipe.data.batch_size == plan.batcher.batch_size == rows < 16
+    assert abs(rows * summary["samples_per_row"] - 16) <= summary["samples_per_row"] / 2
+    assert plan.recipe.data.eval_batch_size == 16 and "packed rows a step (about" in plan.notes[-1]
     # compiles that cost nothing and rows of the longest sample: buckets [.., 128] beat rows of 128 here
     costly_rows = _plan(
         "tiny-bert-classification",
