@@ -6,9 +6,10 @@ presented as the merged tensor under the name transformers loads it as (`mlp.exp
 The merge is transformers' own: a copy of the converter collects the source tensors per source pattern in the
 order transformers' loader gives them (checkpoint names in natural order) and runs its operations. A merged
 tensor's shape and dtype come from running those operations on meta tensors of the sources' shapes (no data
-read); its data is read and merged when it is read (one merged tensor at a time: a slice of it merges the whole
-tensor first). Converters with operations other than MergeModulelist and Concatenate, or with several targets,
-are left alone: their tensors stay under their own names and matching refuses them naming one (matching.py).
+read); its data is read and merged when it is read (a slice of it merges the whole tensor, kept until another is
+merged: one merged tensor, one layer's experts, in memory at a time). Converters with operations other than
+MergeModulelist and Concatenate, or with several targets, are left alone: their tensors stay under their own
+names and matching refuses them naming one (matching.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class ConvertedSource:
         consumed = {key for merge in self.merged.values() for keys in merge.sources.values() for key in keys}
         self._keys = [k for k in raw.keys() if k not in consumed] + list(self.merged)
         self._meta = {name: self._meta_of(name) for name in self.merged}
+        self._last: tuple[str, torch.Tensor] | None = None
 
     def __getattr__(self, name: str):  # config, layout, writer, optimizer ... of the checkpoint itself
         raw = self.__dict__.get("raw")
@@ -77,9 +79,14 @@ class ConvertedSource:
         return self._convert(name, self.raw.get) if name in self.merged else self.raw.get(name)
 
     def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """A slice of a merged tensor merges it whole; the last one merged is kept for the next slice of it (a
+        rank's piece of gate_up_proj is two ranges), let go before another is merged."""
         if name not in self.merged:
             return self.raw.get_slice(name, dim, start, stop)
-        return self.get(name).narrow(dim, start, stop - start).clone()
+        if self._last is None or self._last[0] != name:
+            self._last = None
+            self._last = name, self.get(name)
+        return self._last[1].narrow(dim, start, stop - start).clone()
 
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
         return self.raw.optimizer_state()

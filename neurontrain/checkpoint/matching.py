@@ -234,6 +234,8 @@ class MappedSource:
         self._keys = {name: renamed.names[key] for name, key in self.mapping.chosen.items()}
         used = set(self._keys.values())
         self.extras = [k for k in raw.keys() if k not in used]
+        merges = getattr(raw, "merged", {})  # what transformers' converters merged: {merged name: its sources}
+        self.merged = {name: [k for ks in merges[name].sources.values() for k in ks] for name in merges if name in used}
 
     def keys(self) -> list[str]:
         return list(self._keys)

@@ -151,9 +151,11 @@ def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_
     assert "model.layers.0.block_sparse_moe.experts.0.w1.weight" in load_file(str(src / "model.safetensors"))
     report = inspect_checkpoint(src)
     assert "mapping_error" not in report and report["not_converted"] == 0
-    for args in ((src, nxd, "--to", "neuron", "--tp", "2"), (nxd, back, "--to", "gpu")):
-        code, _, err = cli_in_process(capsys, "checkpoint", "migrate", *map(str, args))
-        assert code == 0, err
+    layers, experts = model.config.num_hidden_layers, model.config.num_local_experts
+    assert report["merged"] == 3 * layers * experts and report["merged_first"].endswith("mlp.experts.gate_up_proj")
+    assert migrate(src, nxd, MigrateOptions(to="neuron", tp=2))["source"]["merged"] == 3 * layers * experts
+    code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(nxd), str(back), "--to", "gpu")
+    assert code == 0, err
     full, rank1 = model.state_dict(), _rank(nxd, 1)
     gate_up, down = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
     inter = full[down].shape[2]
