@@ -178,6 +178,27 @@ def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_
     assert code == 2 and "block_sparse_moe.experts.0.w1.weight is one of the tensors transformers converts" in err
 
 
+def test_mixtral_trainer_checkpoint_moments_follow_the_merged_experts(tmp_path):
+    """A Trainer-style Mixtral checkpoint (save_pretrained's per-expert weights, optimizer.pt indexed in the
+    model's parameter order, whose experts are fused): --with-optimizer takes every moment, experts included."""
+    src = tmp_path / "hf"
+    model = save_tiny(src, "mixtral")
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.tensor([[3, 4, 5, 6]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    torch.save(optimizer.state_dict(), src / "optimizer.pt")
+    (src / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    migrate(src, tmp_path / "nxd", MigrateOptions(to="neuron", tp=2, with_optimizer=True))
+    migrate(tmp_path / "nxd", tmp_path / "back", MigrateOptions(to="gpu", with_optimizer=True))
+    restored = torch.load(tmp_path / "back" / "optimizer.pt", weights_only=True)
+    group = restored["param_groups"][0]
+    by_name = {name: restored["state"][i] for name, i in zip(group["param_names"], group["params"])}
+    state = optimizer.state_dict()["state"]
+    for i, (name, _) in enumerate(model.named_parameters()):
+        assert all(torch.equal(by_name[name][m], state[i][m]) for m in ("exp_avg", "exp_avg_sq")), name
+
+
 REFUSED_TP_TRAINING = {
     "phi3": "gathers layers.*.self_attn.qkv_proj",
     "olmo2": "gathers layers.*.self_attn.q_proj",
