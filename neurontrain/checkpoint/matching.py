@@ -5,11 +5,13 @@ the names and shapes a checkpoint must cover. A mapping strips a prefix from the
 one (`model.model.layers.0...` of a LightningModule -> `model.layers.0...`); the mapping used is the one, and
 only one, under which the checkpoint covers every model tensor with the right shape (tied tensors: either
 name). Before matching, each checkpoint name is renamed as transformers renames it on load (its conversion
-mapping's renamings: GPT-NeoX's `embed_out.weight` is the model's `lm_head.weight`), so names a checkpoint
-written by transformers holds match the model it loads into. Entries the mapping leaves over (optimizer state,
-step counters, other modules) are reported, not converted. No fit or several: UsageError naming the closest
-candidates. `check_loads` loads names and shapes into the model with strict=True, which migrate runs on its
-output before publishing it.
+mapping's renamings: GPT-NeoX's `embed_out.weight` is the model's `lm_head.weight`), and the tensors its
+converters merge are merged by those converters (converted.py: Mixtral's per-expert w1/w2/w3 into
+`mlp.experts.gate_up_proj` and `down_proj`), so names a checkpoint written by transformers holds match the model
+it loads into; a converter that is not applied is refused naming a tensor it converts. Entries the mapping
+leaves over (optimizer state, step counters, other modules) are reported, not converted. No fit or several:
+UsageError naming the closest candidates. `check_loads` loads names and shapes into the model with strict=True,
+which migrate runs on its output before publishing it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import transformers
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings
 
+from neurontrain.checkpoint.converted import ConvertedSource, supported
 from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
 from neurontrain.errors import NeurontrainError, UsageError
 
@@ -70,7 +73,7 @@ def model_names(config: dict) -> ModelNames:
 @functools.lru_cache(maxsize=8)
 def _conversions(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[WeightConverter, ...]]:
     """The renamings transformers applies to checkpoint names when it loads the config's model, and the
-    converters that merge or split tensors (which migrate does not apply)."""
+    converters that merge or split tensors (those merging only are applied: converted.py)."""
     with torch.device("meta"):
         model = model_from_config(json.loads(config_json))
     mapping = get_model_conversion_mapping(model)
@@ -82,15 +85,25 @@ def _renamings(config_json: str) -> tuple[WeightRenaming, ...]:
     return _conversions(config_json)[0]
 
 
-def needs_conversion(keys: list[str], config: dict) -> tuple[str, str] | None:
-    """(checkpoint name, the model name transformers converts it into) of the first entry that transformers
-    merges or splits on load (Mixtral's per-expert w1/w3 into experts.gate_up_proj), or None."""
-    converters = list(_conversions(json.dumps(config, sort_keys=True))[1])
+def needs_conversion(keys: list[str], config: dict) -> tuple[str, str, str] | None:
+    """(checkpoint name, the model name transformers converts it into, the converter's operations) of the first
+    entry that a converter ConvertedSource does not apply would convert on load, or None."""
+    converters = [c for c in _conversions(json.dumps(config, sort_keys=True))[1] if not supported(c)]
     for key in keys:
         target, pattern = apply_converters(key, converters)
         if pattern is not None:
-            return key, target
+            ops = ", ".join(
+                type(op).__name__ for op in next(c for c in converters if pattern in c.source_patterns).operations
+            )
+            return key, target, ops
     return None
+
+
+def converted(raw: TensorSource, config: dict) -> TensorSource:
+    """`raw` with the tensors transformers merges on load merged (converted.py), or `raw` when it holds none."""
+    renamings, converters = _conversions(json.dumps(config, sort_keys=True))
+    source = ConvertedSource(raw, renamings, converters)
+    return source if source.merged else raw
 
 
 def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
@@ -107,7 +120,8 @@ class RenamedSource:
 
     def __init__(self, raw: TensorSource, config: dict) -> None:
         self.raw, self.description = raw, raw.description
-        self.names = loaded_names(raw.keys(), config)
+        merged = getattr(raw, "merged", {})  # merged tensors are named as transformers loads them already
+        self.names = loaded_names([k for k in raw.keys() if k not in merged], config) | {k: k for k in merged}
 
     def keys(self) -> list[str]:
         return list(self.names)
@@ -191,12 +205,13 @@ def find_mapping(source: TensorSource | RenamedSource, config: dict) -> Candidat
             f"{source.description}: its names fit the {arch} model in {len(fits)} ways ({ways}); keep one copy of "
             "the model in the checkpoint"
         )
-    converted = needs_conversion(keys, config)
-    if converted is not None:
-        stored = getattr(source, "names", {}).get(converted[0], converted[0])
+    unapplied = needs_conversion(keys, config)
+    if unapplied is not None:
+        stored = getattr(source, "names", {}).get(unapplied[0], unapplied[0])
         raise UsageError(
-            f"{source.description}: {stored} is one of the tensors transformers merges into {converted[1]} on load "
-            f"({arch}); migrate does not merge tensors: pass a checkpoint holding the model's own tensors"
+            f"{source.description}: {stored} is one of the tensors transformers converts into {unapplied[1]} on "
+            f"load ({arch}) by {unapplied[2]}, which migrate does not apply: pass a checkpoint holding the model's "
+            "own tensors"
         )
     closest = sorted(candidates, key=lambda c: -len(c.chosen))[:2]
     detail = "; ".join(c.describe(total) for c in closest) or f"first name {keys[0] if keys else 'none'}"
@@ -210,14 +225,17 @@ class MappedSource:
     """A checkpoint's tensors under the model's own names (the mapping found by find_mapping)."""
 
     def __init__(self, raw: TensorSource, config: dict) -> None:
-        self.raw, self.config = raw, config
+        self.raw, self.config = converted(raw, config), config
         self.description, self.layout, self.writer = raw.description, raw.layout, raw.writer
+        raw = self.raw
         renamed = RenamedSource(raw, config)
         self.mapping = find_mapping(renamed, config)
         self._names = model_names(config)
         self._keys = {name: renamed.names[key] for name, key in self.mapping.chosen.items()}
         used = set(self._keys.values())
         self.extras = [k for k in raw.keys() if k not in used]
+        merges = getattr(raw, "merged", {})  # what transformers' converters merged: {merged name: its sources}
+        self.merged = {name: [k for ks in merges[name].sources.values() for k in ks] for name in merges if name in used}
 
     def keys(self) -> list[str]:
         return list(self._keys)

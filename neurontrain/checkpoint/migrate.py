@@ -250,6 +250,8 @@ def _source_report(source: TensorSource) -> dict:
     report = {"layout": source.layout, "writer": source.writer}
     if isinstance(source, MappedSource):
         report |= {"prefix": source.mapping.strip, "not_converted": len(source.extras)}
+        if source.merged:
+            report["merged"] = sum(map(len, source.merged.values()))  # checkpoint tensors merged on the way in
         if source.extras:
             log.info(
                 "%d entries of %s are not model tensors and are not converted (first: %s)",

@@ -56,7 +56,15 @@ def _model(source: TensorSource) -> dict:
         "model_tensors": len(mapped.keys()),
         "not_converted": len(mapped.extras),
         "not_converted_first": mapped.extras[:5],
-    }
+    } | _merged(mapped)
+
+
+def _merged(mapped: MappedSource) -> dict:
+    """The checkpoint tensors transformers' converters merged into model tensors (Mixtral's per-expert w1/w2/w3)."""
+    if not mapped.merged:
+        return {}
+    name, sources = next(iter(mapped.merged.items()))
+    return {"merged": sum(map(len, mapped.merged.values())), "merged_first": f"{sources[0]} ... -> {name}"}
 
 
 def inspect_checkpoint(path: Path, config: Path | None = None) -> dict:

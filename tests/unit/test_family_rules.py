@@ -1,6 +1,7 @@
 """Every model family of tests/families.py through `checkpoint migrate --to neuron --tp 2` and back: the rules
 come from transformers' tensor-parallel plans (decoders) or the hand tables (encoders, GPT-2); the round trip is
-bit-identical and the logits equal. Phi-3's fused qkv_proj and gate_up_proj shard as a Llama's q/k/v and
+bit-identical and the logits equal (Mixtral's per-expert tensors, as save_pretrained writes them, merged as
+transformers merges them on load). Phi-3's fused qkv_proj and gate_up_proj shard as a Llama's q/k/v and
 gate/up do; a family without rules is refused naming itself and its first tensor."""
 
 import json
@@ -10,8 +11,10 @@ import pytest
 import torch
 from conftest import cli_in_process
 from families import CLM, FAMILIES, tiny_config
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from neurontrain.checkpoint import converted, matching
+from neurontrain.checkpoint.initial import load_initial_weights
 from neurontrain.checkpoint.matching import loaded_names
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.checkpoint.report import inspect_checkpoint
@@ -35,18 +38,10 @@ def save_tiny(path, model_type: str, task: str = CLM, **overrides):
     return model
 
 
-def own_tensors(path, model) -> None:
-    """Replace the saved weights by the model's own tensors under its own names (save_pretrained writes
-    Mixtral's experts per expert, as the hub holds them; transformers merges them on load)."""
-    save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(path / "model.safetensors"))
-
-
 @pytest.mark.parametrize("family", FAMILIES, ids=[f.model_type for f in FAMILIES])
 def test_family_round_trip_through_tp2_is_bit_identical(tmp_path, capsys, family):
     src, nxd, back = tmp_path / "hf", tmp_path / "nxd", tmp_path / "back"
     model = save_tiny(src, family.model_type, family.task)
-    if family.model_type == "mixtral":
-        own_tensors(src, model)
     for args in ((src, nxd, "--to", "neuron", "--tp", "2"), (nxd, back, "--to", "gpu")):
         code, _, err = cli_in_process(capsys, "checkpoint", "migrate", *map(str, args))
         assert code == 0, err
@@ -55,6 +50,8 @@ def test_family_round_trip_through_tp2_is_bit_identical(tmp_path, capsys, family
     config = json.loads((src / "config.json").read_text())
     saved = load_file(str(src / "model.safetensors"))
     original = {name: saved[key] for name, key in loaded_names(list(saved), config).items()}
+    if family.model_type == "mixtral":  # experts saved per expert, merged by transformers on load: the model's own
+        original = model.state_dict()
     restored = load_file(str(back / "model.safetensors"))
     assert original.keys() == restored.keys()
     assert all(torch.equal(original[name], restored[name]) for name in original)
@@ -140,22 +137,66 @@ def test_spec_without_rules_reads_with_the_legacy_tables():
     assert spec.rules is None and rule_for(spec, "model.layers.0.self_attn.k_proj.weight") == "k"
 
 
-def test_mixtral_experts_shard_as_the_plan_says_and_per_expert_checkpoints_are_refused(tmp_path, capsys):
-    """Mixtral's fused experts: gate_up_proj (experts, 2 x intermediate, hidden) packed_colwise, each rank its
-    gate and up rows of every expert; down_proj (experts, hidden, intermediate) rowwise on its last dim. What
-    save_pretrained writes (per-expert w1/w2/w3, merged by transformers on load) is refused naming the tensor."""
-    src = tmp_path / "hf"
+def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_path, capsys, monkeypatch):
+    """What save_pretrained writes (per-expert w1/w2/w3, merged by transformers' converters on load) migrates:
+    the experts merged by those converters into gate_up_proj (experts, 2 x intermediate, hidden), packed_colwise:
+    each rank its gate and up rows of every expert; down_proj (experts, hidden, intermediate) rowwise on its last
+    dim. Back to GPU, the fused tensors load with from_pretrained bit for bit and the logits are equal; the
+    save_pretrained directory and the shards start a run (--init-from). A converter migrate does not apply is
+    refused naming the tensor."""
+    import transformers  # lazy: seconds to import
+
+    src, nxd, back = tmp_path / "hf", tmp_path / "nxd", tmp_path / "back"
     model = save_tiny(src, "mixtral")
-    code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(src), str(tmp_path / "x"), "--to", "neuron")
-    assert code == 2 and "block_sparse_moe.experts.0.w1.weight is one of the tensors transformers merges" in err
-    own_tensors(src, model)
-    migrate(src, tmp_path / "nxd", MigrateOptions(to="neuron", tp=2))
-    full, rank1 = model.state_dict(), _rank(tmp_path / "nxd", 1)
+    assert "model.layers.0.block_sparse_moe.experts.0.w1.weight" in load_file(str(src / "model.safetensors"))
+    report = inspect_checkpoint(src)
+    assert "mapping_error" not in report and report["not_converted"] == 0
+    layers, experts = model.config.num_hidden_layers, model.config.num_local_experts
+    assert report["merged"] == 3 * layers * experts and report["merged_first"].endswith("mlp.experts.gate_up_proj")
+    assert migrate(src, nxd, MigrateOptions(to="neuron", tp=2))["source"]["merged"] == 3 * layers * experts
+    code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(nxd), str(back), "--to", "gpu")
+    assert code == 0, err
+    full, rank1 = model.state_dict(), _rank(nxd, 1)
     gate_up, down = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
     inter = full[down].shape[2]
     gate, up = full[gate_up].split(inter, dim=1)
     assert torch.equal(rank1[gate_up], torch.cat([gate[:, inter // 2 :], up[:, inter // 2 :]], dim=1))
     assert torch.equal(rank1[down], full[down][:, :, inter // 2 :])
+    assert gate_up in load_file(str(back / "model.safetensors"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(back).state_dict()
+    assert loaded.keys() == full.keys() and all(torch.equal(loaded[n], full[n]) for n in full)
+    code, out, err = cli_in_process(capsys, "checkpoint", "verify", str(src), str(back), "--logits", str(src))
+    assert code == 0 and out.rstrip().endswith("EQUAL"), out + err
+    for start in (src, nxd):
+        torch.manual_seed(1)
+        fresh = type(model)(model.config)
+        load_initial_weights(fresh, start)
+        assert all(torch.equal(fresh.state_dict()[n], full[n]) for n in full)
+    monkeypatch.setattr(converted, "supported", lambda converter: False)
+    monkeypatch.setattr(matching, "supported", lambda converter: False)
+    code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(src), str(tmp_path / "x"), "--to", "neuron")
+    assert code == 2 and "block_sparse_moe.experts.0.w1.weight is one of the tensors transformers converts" in err
+
+
+def test_mixtral_trainer_checkpoint_moments_follow_the_merged_experts(tmp_path):
+    """A Trainer-style Mixtral checkpoint (save_pretrained's per-expert weights, optimizer.pt indexed in the
+    model's parameter order, whose experts are fused): --with-optimizer takes every moment, experts included."""
+    src = tmp_path / "hf"
+    model = save_tiny(src, "mixtral")
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.tensor([[3, 4, 5, 6]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    torch.save(optimizer.state_dict(), src / "optimizer.pt")
+    (src / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    migrate(src, tmp_path / "nxd", MigrateOptions(to="neuron", tp=2, with_optimizer=True))
+    migrate(tmp_path / "nxd", tmp_path / "back", MigrateOptions(to="gpu", with_optimizer=True))
+    restored = torch.load(tmp_path / "back" / "optimizer.pt", weights_only=True)
+    group = restored["param_groups"][0]
+    by_name = {name: restored["state"][i] for name, i in zip(group["param_names"], group["params"])}
+    state = optimizer.state_dict()["state"]
+    for i, (name, _) in enumerate(model.named_parameters()):
+        assert all(torch.equal(by_name[name][m], state[i][m]) for m in ("exp_avg", "exp_avg_sq")), name
 
 
 REFUSED_TP_TRAINING = {
