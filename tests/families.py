@@ -3,7 +3,8 @@ defaults: only the sizes are made small (hidden 64, 2 layers, 4 heads, 2 KV head
 head_dim 16 where the config names one); everything else (sliding windows, biases, norms, tied embeddings,
 activation functions) stays as the config class sets it. No hub: nothing is downloaded.
 
-`FAMILIES` is the one parameter list of the per-family tests and of the README's table of families.
+`FAMILIES` is the one parameter list of the per-family tests and of the README's table of families
+(`python tests/families.py` prints it; tests/unit/test_families_table.py checks the README holds it).
 """
 
 from __future__ import annotations
@@ -19,25 +20,28 @@ class Family:
     task: str
     name: str  # as the README names it
     packs: bool = True  # data.packing trains it (per-document isolation proven); else refused in one line
+    # NxD tensor-parallel training: "run" (trained end to end through NxD's layers: the stand-in's test),
+    # "layers" (NxD's layers chosen for every sharded weight; not trained end to end), else the refusal's words
+    tp_training: str = "layers"
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", CLM, "Llama"),
+    Family("llama", CLM, "Llama", tp_training="run"),
     Family("mistral", CLM, "Mistral"),
-    Family("mixtral", CLM, "Mixtral (MoE)"),
+    Family("mixtral", CLM, "Mixtral (MoE)", tp_training="experts.gate_up_proj is sharded by rule 'gate_up_packed'"),
     Family("qwen2", CLM, "Qwen2"),
     Family("qwen3", CLM, "Qwen3"),
     Family("gemma2", CLM, "Gemma 2"),
     Family("gemma3_text", CLM, "Gemma 3 (text)"),
-    Family("phi3", CLM, "Phi-3"),
-    Family("olmo2", CLM, "OLMo 2"),
+    Family("phi3", CLM, "Phi-3", tp_training="gathers layers.*.self_attn.qkv_proj"),
+    Family("olmo2", CLM, "OLMo 2", tp_training="gathers layers.*.self_attn.q_proj"),
     Family("gpt_neox", CLM, "GPT-NeoX / Pythia"),
     Family("granite", CLM, "Granite"),
-    Family("gpt2", CLM, "GPT-2"),
-    Family("bert", CLS, "BERT"),
+    Family("gpt2", CLM, "GPT-2", tp_training="c_attn.weight is sharded by rule 'conv1d_qkv'"),
+    Family("bert", CLS, "BERT", tp_training="run"),
     Family("roberta", CLS, "RoBERTa"),
     Family("distilbert", CLS, "DistilBERT"),
-    Family("deberta-v2", CLS, "DeBERTa-v2"),
+    Family("deberta-v2", CLS, "DeBERTa-v2", tp_training="reshapes by the config's head count"),
 )
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 DECODERS = tuple(f.model_type for f in FAMILIES if f.task == CLM)
@@ -72,3 +76,29 @@ def tiny_config(model_type: str, **overrides):
 
     values = {**tiny_config_values(model_type), **overrides}
     return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def _tp_training(family: Family) -> str:
+    if family.tp_training == "run":
+        return "yes: trained through NxD's layers (stand-in)"
+    if family.tp_training == "layers":
+        return "NxD layers chosen for every sharded weight; not trained end to end"
+    return f"refused: …{family.tp_training}…"
+
+
+def readme_table() -> str:
+    """The README's table of families: what the per-family tests assert for each."""
+    rows = [
+        "| family (`model_type`) | task | `run` on XLA:CPU, config defaults | `data.packing` | "
+        "`checkpoint migrate` TP 2 and back | tensor-parallel training (NxD) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in FAMILIES:
+        packing = "yes, per-document isolation tested" if f.packs else "refused in one line"
+        cells = [f"{f.name} (`{f.model_type}`)", f.task, "yes", packing, "yes, bit-identical", _tp_training(f)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(readme_table())

@@ -199,15 +199,6 @@ def test_mixtral_trainer_checkpoint_moments_follow_the_merged_experts(tmp_path):
         assert all(torch.equal(by_name[name][m], state[i][m]) for m in ("exp_avg", "exp_avg_sq")), name
 
 
-REFUSED_TP_TRAINING = {
-    "phi3": "gathers layers.*.self_attn.qkv_proj",
-    "olmo2": "gathers layers.*.self_attn.q_proj",
-    "mixtral": "experts.gate_up_proj is sharded by rule 'gate_up_packed'",
-    "gpt2": "c_attn.weight is sharded by rule 'conv1d_qkv'",
-    "deberta-v2": "reshapes by the config's head count",
-}
-
-
 @pytest.mark.parametrize("family", FAMILIES, ids=[f.model_type for f in FAMILIES])
 def test_which_families_nxd_tensor_parallel_training_takes(family):
     """NxD's layers (column, row, vocabulary) for every sharded weight, or a one-line refusal."""
@@ -218,7 +209,7 @@ def test_which_families_nxd_tensor_parallel_training_takes(family):
         model = cls.from_config(tiny_config(family.model_type, **IDS))
     spec = model_spec(model, 2)
     names = [name for name, _ in model.named_parameters()]
-    expected = REFUSED_TP_TRAINING.get(family.model_type)
+    expected = family.tp_training if family.tp_training not in ("run", "layers") else None
     shape = _model_shape(model, spec, family.task)
     planned = sharding_spec(shape, 2)  # the memory planner's TP candidates
     assert (planned is None) == (expected is not None)
