@@ -54,15 +54,21 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.isfinite(a).all() and torch.isfinite(b).all()) and (a - b).abs().max().item() <= TOLERANCE * scale
 
 
-def _probe_tokens(vocab: int) -> list[torch.Tensor]:
+def _probe_tokens(config: Any) -> tuple[list[torch.Tensor], int]:
+    """Two documents of ordinary tokens (no special id: RoBERTa numbers positions by its pad id), and the pad id."""
+    special = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    ordinary = torch.tensor([i for i in range(min(config.vocab_size, 1000)) if i not in special])
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(1, max(2, min(vocab, 1000)), (n,), generator=generator) for n in DOCS]
+    docs = [ordinary[torch.randint(0, len(ordinary), (n,), generator=generator)] for n in DOCS]
+    pad = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
+    return docs, pad
 
 
 def _packed_equivalent(
-    model: torch.nn.Module, causal: bool, extra: dict, docs: list[torch.Tensor], offset: int = 0
+    model: torch.nn.Module, causal: bool, extra: dict, sample: tuple[list[torch.Tensor], int], offset: int = 0
 ) -> bool:
-    ids = torch.cat([*docs, torch.zeros(PAD, dtype=torch.long)])[None]
+    docs, pad = sample
+    ids = torch.cat([*docs, torch.full((PAD,), pad)])[None]
     document_ids = torch.cat([torch.full((len(d),), i + 1) for i, d in enumerate(docs)] + [torch.zeros(PAD)])
     positions = torch.cat([torch.arange(len(d)) for d in docs] + [torch.arange(PAD)])[None] + offset
     mask = packed_attention_mask(document_ids[None].long(), causal, torch.float32)
@@ -76,9 +82,11 @@ def _packed_equivalent(
     return True
 
 
-def _mask_4d_equivalent(model: torch.nn.Module, causal: bool, extra: dict, docs: list[torch.Tensor]) -> bool:
-    doc = docs[0]
-    ids = torch.cat([doc, torch.zeros(PAD, dtype=torch.long)])[None]
+def _mask_4d_equivalent(
+    model: torch.nn.Module, causal: bool, extra: dict, sample: tuple[list[torch.Tensor], int]
+) -> bool:
+    (doc, _), pad = sample
+    ids = torch.cat([doc, torch.full((PAD,), pad)])[None]
     mask = torch.cat([torch.ones(len(doc)), torch.zeros(PAD)])[None]
     additive = (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
     two_d = _output(model, causal, extra, input_ids=ids, attention_mask=mask.long())[0, : len(doc)]
@@ -116,16 +124,16 @@ def _probe(config: Any, causal: bool, attn_implementation: str | None) -> ModelI
         torch.random.set_rng_state(seed)
     params = forward_params(model)
     extra = {"use_cache": False} if causal and "use_cache" in params else {}
-    docs = _probe_tokens(config.vocab_size)
-    offsets = _position_offsets(config)
-    packs = "position_ids" in params and [_checked(_packed_equivalent, model, causal, extra, docs, o) for o in offsets]
+    sample = _probe_tokens(config)
+    offsets = _position_offsets(config) if "position_ids" in params else []
+    offset = next((o for o in offsets if _checked(_packed_equivalent, model, causal, extra, sample, o)), None)
     facts = ModelFacts(
         model_type=model_type,
         causal=causal,
         forward_params=params,
-        mask_4d_equivalent=not causal and _checked(_mask_4d_equivalent, model, causal, extra, docs),
-        packed_equivalent=bool(packs) and any(packs),
-        position_offset=offsets[packs.index(True)] if packs and any(packs) else 0,
+        mask_4d_equivalent=not causal and _checked(_mask_4d_equivalent, model, causal, extra, sample),
+        packed_equivalent=offset is not None,
+        position_offset=offset or 0,
         sliding_window=sliding_window_of(config.to_dict(), getattr(config, "layer_types", None)),
         has_packed_head=model_type in PACKED_HEADS,
     )
