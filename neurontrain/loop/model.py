@@ -215,6 +215,7 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
             model = cls.from_config(config, attn_implementation=spec.attn_implementation)
     except Exception as exc:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
+    static_experts(model, recipe.runtime.backend)
     tp = recipe.parallel.tp
     if tp != "auto" and tp > 1:
         to_tensor_parallel(model, tp)
@@ -222,6 +223,15 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
+
+
+def static_experts(model: torch.nn.Module, backend: str) -> None:
+    """On XLA a mixture of experts runs transformers' `batched_mm` experts (each token's experts gathered: static
+    shapes); its default `grouped_mm` counts tokens per expert with an integer histogram XLA:CPU lacks and
+    multiplies groups of data-dependent sizes."""
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    if is_xla_backend(resolve_backend_name(backend)) and can_set is not None and can_set():
+        model.set_experts_implementation("batched_mm")
 
 
 def settle_problem_type(model: torch.nn.Module, task: str) -> None:

@@ -5,6 +5,7 @@ import pytest
 from families import tiny_config
 
 from neurontrain.loop.input_probe import probe_model_inputs
+from neurontrain.loop.model import static_experts
 from neurontrain.loop.model_inputs import MASK_2D, MASK_4D, ModelFacts, ModelInputs, decide_inputs, sliding_window_of
 
 DECODER = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "labels"})
@@ -67,3 +68,14 @@ def test_the_set_up_checks_decide_per_family(model_type, task, mask, unpackable)
 def test_roberta_packs_with_positions_after_its_pad_id():
     inputs = probe_model_inputs(tiny_config("roberta", vocab_size=128, pad_token_id=1), "sequence-classification", None)
     assert inputs.unpackable is None and inputs.position_offset == 2
+
+
+def test_a_mixture_of_experts_gets_static_shaped_experts_on_xla():
+    from transformers import AutoModelForCausalLM  # lazy: seconds to import
+
+    mixtral = AutoModelForCausalLM.from_config(tiny_config("mixtral"))
+    static_experts(mixtral, "eager")
+    assert mixtral.config._experts_implementation == "grouped_mm"
+    static_experts(mixtral, "xla-cpu")
+    assert mixtral.config._experts_implementation == "batched_mm"
+    static_experts(AutoModelForCausalLM.from_config(tiny_config("llama")), "xla-cpu")  # no experts: nothing to set
