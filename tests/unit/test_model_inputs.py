@@ -2,11 +2,14 @@
 checks of tiny models on eager CPU (loop/input_probe.py) for the cases the issue named."""
 
 import pytest
+import torch
 from families import tiny_config
+from packing_models import CLS, documents, pack, tiny_model
 
 from neurontrain.loop.input_probe import probe_model_inputs
 from neurontrain.loop.model import static_experts
 from neurontrain.loop.model_inputs import MASK_2D, MASK_4D, ModelFacts, ModelInputs, decide_inputs, sliding_window_of
+from neurontrain.loop.packed import packed_classification
 
 DECODER = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "labels"})
 ENCODER = frozenset({"input_ids", "attention_mask", "position_ids", "token_type_ids", "labels"})
@@ -79,3 +82,13 @@ def test_a_mixture_of_experts_gets_static_shaped_experts_on_xla():
     static_experts(mixtral, "xla-cpu")
     assert mixtral.config._experts_implementation == "batched_mm"
     static_experts(AutoModelForCausalLM.from_config(tiny_config("llama")), "xla-cpu")  # no experts: nothing to set
+
+
+def test_packed_classification_runs_the_models_own_forward():
+    """The module the native backend compiles is the model itself: the packed path calls it, not its encoder."""
+    model = tiny_model("roberta")
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(module))
+    tokens, labels = documents()
+    out = packed_classification(model, pack(tokens, labels, CLS).batch, torch.float32, position_offset=1)
+    assert calls == [model] and out.logits.shape[-1] == 3 and torch.isfinite(out.loss)
