@@ -71,6 +71,17 @@ def packed_inputs(
     return inputs
 
 
+def prepare_packed_classifier(model: torch.nn.Module, task: str, packing: Any) -> None:
+    """Under packed sequence classification, install transformers' output-capturing hooks now, before a backend
+    compiles the model: the packed path asks for `output_hidden_states`, and hooks installed on that first call
+    (under a lock) make TorchDynamo break the graph and compile one more."""
+    if packing is None or task != "sequence-classification" or not hasattr(model, "config"):
+        return
+    from transformers.utils.output_capturing import maybe_install_capturing_hooks  # lazy: a second to import
+
+    maybe_install_capturing_hooks(model)
+
+
 def packed_hidden_states(model: torch.nn.Module, batch: dict, dtype: torch.dtype, position_offset: int = 0) -> Any:
     """An encoder's last hidden states (rows, length, hidden) on a packed batch, through the model's own
     forward (its pooler and head run on each row's first token too, unread)."""

@@ -22,6 +22,7 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model
+from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
@@ -113,6 +114,7 @@ class Trainer:
         self.model.to(device)
         units = transformer_layers(self.model) if self.plan.fsdp else None  # FSDP2 compiles layer by layer
         self.planned_graphs = planned_graph_count(len(self.plan.expected_graphs()), len(units or []), self.plan.fsdp)
+        prepare_packed_classifier(self.model, recipe.task, self.plan.packing)
         backend.compile_model(self.model, self.planned_graphs, units)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
         self._compiles_at_start = backend.compile_count()

@@ -1,7 +1,8 @@
 """Model inputs decided by what the model accepts, on XLA:CPU: Mistral with its config defaults
 (`sliding_window: 4096`, which crashed on XLA while the training forward built a KV cache) trains packed and
 unpacked, and DeBERTa-v2 (which reads its mask as 0/1, so a 4D additive mask zeroed its tokens) trains unpacked
-with finite, falling losses; each without an unexpected graph."""
+with finite, falling losses; each without an unexpected graph. Packed BERT on the native backend runs the
+compiled model without a graph beyond the plan's."""
 
 import math
 
@@ -38,3 +39,17 @@ def test_deberta_v2_trains_unpacked_with_finite_falling_losses(tmp_path):
     summary = _train(tmp_path, "tiny-bert-classification.yaml", DEBERTA)
     losses = summary["losses"]
     assert sum(losses[-2:]) < sum(losses[:2]), losses
+
+
+def test_packed_bert_on_native_compiles_only_the_planned_graphs(tmp_path):
+    """The packed classifier runs the compiled model itself (its hidden states captured by hooks installed
+    before the compile): no graph beyond the plan's."""
+    overrides = [*SHORT, "data.packing=on", "data.batch_size=4", "train.max_steps=4", "train.schedule.warmup_steps=1"]
+    out = tmp_path / "run"
+    sets = [arg for value in overrides for arg in ("--set", value)]
+    args = ("run", str(RECIPES / "tiny-bert-classification.yaml"), "--backend", "native", "--output-dir", str(out))
+    result = run_cli(*args, "--no-preflight", *sets)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["bucket_mode"] == "packed" and summary["unexpected_graphs"] == 0, summary
+    assert summary["compilations"] == summary["expected_graphs"], summary
