@@ -10,41 +10,56 @@ the host before they are compared, so the same checks run on eager CPU and on an
 from dataclasses import dataclass
 
 import torch
+from families import ENCODERS, tiny_config
 
 from neurontrain.backend import Backend
 from neurontrain.data.batching import IndexBatch, fixed_batches
 from neurontrain.data.collate import IGNORE_INDEX, Collator
 from neurontrain.data.packing import Packing
-from neurontrain.loop.model import ModelDims
-from neurontrain.loop.packed import packed_inputs
+from neurontrain.loop.input_probe import probe_model_inputs
+from neurontrain.loop.model import SPECIAL_IDS, ModelDims
+from neurontrain.loop.packed import packed_hidden_states
 from neurontrain.loop.steps import forward
 
 CLM, CLS = "causal-lm", "sequence-classification"
-ROW_LENGTH, ROWS, MAX_DOCS, VOCAB, PAD_ID, NUM_LABELS, HIDDEN = 32, 2, 4, 96, 0, 3, 32
+ROW_LENGTH, ROWS, MAX_DOCS, VOCAB, PAD_ID, NUM_LABELS = 32, 2, 4, 96, 0, 3
 # Best-fit decreasing packs these into rows of samples (2, 0, 3) and (1, 4, 5): 31 and 24 of 32 slots, so both
 # rows end in padding, and each row leaves one of MAX_DOCS document slots empty.
 LENGTHS = (12, 9, 14, 5, 8, 7)
-SIZES = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_hidden_layers": 2}
-SIZES |= {"num_attention_heads": 4, "max_position_embeddings": 2 * ROW_LENGTH, "initializer_range": 0.2}
+SIZES = {"vocab_size": VOCAB, "max_position_embeddings": 2 * ROW_LENGTH, "initializer_range": 0.2}
 
 
 def task_of(model_type: str) -> str:
-    return CLS if model_type == "bert" else CLM
+    return CLS if model_type in ENCODERS else CLM
 
 
 def tiny_model(model_type: str, attn_implementation: str = "eager") -> torch.nn.Module:
-    """A seeded 2-layer model of hidden size 32 in eval mode (no dropout): BERT for sequence classification,
-    the others causal LMs. Weights at std 0.2, not 0.02, so outputs are of order one and 1e-5 is a tight bound."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # lazy: slow
+    """A seeded 2-layer model of the family (tests/families.py: its config class's defaults, small sizes) in eval
+    mode (no dropout): a sequence classifier for the encoders, a causal LM for the others; its pad id PAD_ID and
+    special ids outside the vocabulary unset. Weights at std 0.2, not 0.02, so outputs are of order one and 1e-5
+    is a tight bound."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # lazy: slow
 
-    if model_type == "bert":
-        config = AutoConfig.for_model("bert", **SIZES, num_labels=NUM_LABELS)
+    config = tiny_config(model_type, **SIZES)
+    for name in SPECIAL_IDS:
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) >= VOCAB:
+            setattr(config, name, None)
+    config.pad_token_id = PAD_ID
+    if task_of(model_type) == CLS:
+        config.num_labels = NUM_LABELS
         auto = AutoModelForSequenceClassification
     else:
-        config = AutoConfig.for_model(model_type, **SIZES, num_key_value_heads=2)
         auto = AutoModelForCausalLM
     torch.manual_seed(0)
     return auto.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def dims_of(model: torch.nn.Module) -> ModelDims:
+    """The loop's dims of the model, its inputs as the run's set-up decides them."""
+    config = model.config
+    task = task_of(config.model_type)
+    inputs = probe_model_inputs(config, task, config._attn_implementation)
+    return ModelDims(config.model_type, 0, 2, config.hidden_size, is_encoder=task == CLS, inputs=inputs)
 
 
 def documents(seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -102,16 +117,15 @@ def first_documents() -> tuple[int, ...]:
 
 def _run(model: torch.nn.Module, batch: dict, backend: Backend, extra: tuple = ()) -> list[torch.Tensor]:
     """The training loop's forward pass in fp32 on the backend's device: [logits, loss] and, for each name in
-    `extra` ("hidden": BERT's last hidden states), that output, on the host."""
-    dims = ModelDims(model.config.model_type, 0, 2, HIDDEN, is_encoder=model.config.model_type == "bert")
+    `extra` ("hidden": an encoder's last hidden states), that output, on the host."""
+    dims = dims_of(model)
     names = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
     on_device = dict(zip(names, backend.to_device([batch[k] for k in names]), strict=True))
     with torch.no_grad():
         out = forward(model, on_device, dims, backend.autocast, "fp32")
         tensors = [out.logits, out.loss]
         if "hidden" in extra:
-            inputs = packed_inputs(on_device, causal=False, dtype=torch.float32)
-            tensors.append(model.bert(**inputs).last_hidden_state)
+            tensors.append(packed_hidden_states(model, on_device, torch.float32, dims.inputs.position_offset))
     backend.sync()
     return backend.to_host(tensors)
 
@@ -119,7 +133,7 @@ def _run(model: torch.nn.Module, batch: dict, backend: Backend, extra: tuple = (
 def packed_outputs(
     model: torch.nn.Module, packed: Packed, backend: Backend, erase_boundaries: bool = False
 ) -> tuple[dict[int, dict[str, torch.Tensor]], torch.Tensor]:
-    """Each document's outputs from one packed forward pass, on the host: a causal LM's per-token logits; BERT's
+    """Each document's outputs from one packed forward pass, on the host: a causal LM's per-token logits; an encoder's
     per-document logits and per-token last hidden states. With erase_boundaries every row is one document
     (a plain padding mask), which must break isolation. Also the batch's loss."""
     batch = packed.batch

@@ -32,6 +32,7 @@ from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.model import build_model
+from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.zero1 import build_strategy
 
@@ -121,6 +122,7 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         return report
     model = build_model(plan.recipe, plan.config)
     model.to(backend.device)
+    prepare_packed_classifier(model, plan.recipe.task, plan.packing)
     backend.compile_model(model, len(keys))
     build_strategy(plan, model, backend, DataParallel(0, plan.world)).materialize()
     before, graphs_before = counts_now(), backend.compile_count()

@@ -10,7 +10,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ import torch.utils.checkpoint
 from neurontrain.backend import is_xla_backend, resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
+from neurontrain.loop.input_probe import probe_model_inputs
+from neurontrain.loop.model_inputs import MASK_4D, ModelInputs
 from neurontrain.loop.packed import packed_inputs
 from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.parallel.tensor_parallel import to_tensor_parallel
@@ -33,6 +35,7 @@ class ModelDims:
     n_layers: int
     hidden: int
     is_encoder: bool
+    inputs: ModelInputs = field(default_factory=ModelInputs)  # how the loop calls it (loop/model_inputs.py)
 
 
 def _auto_class(recipe: Recipe) -> Any:
@@ -132,7 +135,32 @@ def build_config(recipe: Recipe, tokenizer: Any | None) -> Any:
         config.num_labels = spec.num_labels
     if tokenizer is not None and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = tokenizer.pad_token_id
+    if tokenizer is not None:
+        _special_ids_in_vocab(config, tokenizer, spec.config or {})
     return config
+
+
+SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
+
+
+def _outside(value: Any, vocab: int) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, int) and not 0 <= v < vocab for v in values)
+
+
+def _special_ids_in_vocab(config: Any, tokenizer: Any, given: dict) -> None:
+    """A special token id of the config's class defaults outside the vocabulary (Phi-3's pad id 32000 with a
+    small tokenizer) becomes the tokenizer's (None where the tokenizer has none); one the recipe set is
+    refused."""
+    vocab = int(config.vocab_size)
+    for name in SPECIAL_IDS:
+        value = getattr(config, name, None)
+        if not _outside(value, vocab):
+            continue
+        if name in given:
+            raise UsageError(f"model.config.{name}: {value} is outside the vocabulary of {vocab} tokens")
+        replacement = getattr(tokenizer, name, None)
+        setattr(config, name, replacement if not _outside(replacement, vocab) else None)
 
 
 def _meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
@@ -163,7 +191,8 @@ def meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
 
 
 def model_dims(recipe: Recipe, config: Any) -> ModelDims:
-    """Sizes for the cost model, from the model built on the meta device (no memory, no weights)."""
+    """Sizes for the cost model, from the model built on the meta device (no memory, no weights); how the loop
+    calls the model, from a two-layer copy of it on eager CPU (`loop/input_probe.py`)."""
     model = meta_model(recipe, config)
     n_params = sum(p.numel() for p in model.parameters())
     return ModelDims(
@@ -172,6 +201,7 @@ def model_dims(recipe: Recipe, config: Any) -> ModelDims:
         n_layers=int(getattr(config, "num_hidden_layers", 1)),
         hidden=int(getattr(config, "hidden_size", 1)),
         is_encoder=not getattr(config, "is_decoder", False) and recipe.task == "sequence-classification",
+        inputs=probe_model_inputs(config, recipe.task, recipe.model.attn_implementation),
     )
 
 
@@ -190,6 +220,7 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
             model = cls.from_config(config, attn_implementation=spec.attn_implementation)
     except Exception as exc:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
+    static_experts(model, recipe.runtime.backend)
     tp = recipe.parallel.tp
     if tp != "auto" and tp > 1:
         to_tensor_parallel(model, tp)
@@ -197,6 +228,15 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
+
+
+def static_experts(model: torch.nn.Module, backend: str) -> None:
+    """On XLA a mixture of experts runs transformers' `batched_mm` experts (each token's experts gathered: static
+    shapes); its default `grouped_mm` counts tokens per expert with an integer histogram XLA:CPU lacks and
+    multiplies groups of data-dependent sizes."""
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    if is_xla_backend(resolve_backend_name(backend)) and can_set is not None and can_set():
+        model.set_experts_implementation("batched_mm")
 
 
 def settle_problem_type(model: torch.nn.Module, task: str) -> None:
@@ -239,17 +279,21 @@ def enable_activation_checkpointing(model: torch.nn.Module, setting: str, backen
 
 
 def model_inputs(batch: dict, dims: ModelDims, dtype: torch.dtype) -> dict:
-    """For encoders, a ready 4D additive attention mask: transformers 5 otherwise inspects the 2D mask's
-    values (`mask.all()`) on every forward, which is a host sync and one more graph per shape on XLA. Packed
-    batches get their per-document mask and positions (`loop/packed.py`)."""
+    """The model's keyword arguments as `dims.inputs` decided: a ready 4D additive attention mask where the model
+    honours one (transformers 5 otherwise inspects a 2D mask's values, `mask.all()`, on every forward: a host
+    sync and one more graph per shape on XLA), else the 2D mask; use_cache=False where the forward takes it.
+    Packed batches get their per-document mask and positions (`loop/packed.py`)."""
+    decided = dims.inputs
     if "document_ids" in batch:
-        return packed_inputs(batch, causal=not dims.is_encoder, dtype=dtype)
+        return packed_inputs(batch, not dims.is_encoder, dtype, decided.use_cache, decided.position_offset)
     inputs = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
     mask = batch["attention_mask"]
-    if dims.is_encoder:
+    if decided.mask == MASK_4D:
         inputs["attention_mask"] = (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
     else:
         inputs["attention_mask"] = mask
+    if decided.use_cache:
+        inputs["use_cache"] = False
     return inputs
 
 

@@ -15,10 +15,6 @@ import torch
 
 from neurontrain.data.collate import IGNORE_INDEX
 
-# Model types whose isolation under packing is tested (tests/unit/test_packing_isolation.py): a decoder must
-# take a ready 4D additive mask and position ids as they are.
-PACKED_CAUSAL_LM = ("llama", "mistral", "qwen2")
-
 
 def _bert_head(model: torch.nn.Module, first_tokens: torch.Tensor) -> torch.Tensor:
     """BertForSequenceClassification's head on each document's first token: pooler (dense, tanh), dropout,
@@ -27,27 +23,22 @@ def _bert_head(model: torch.nn.Module, first_tokens: torch.Tensor) -> torch.Tens
     return model.classifier(model.dropout(pooled))
 
 
-def _bert_body(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
-    return model.bert(**inputs).last_hidden_state
+def _roberta_head(model: torch.nn.Module, first_tokens: torch.Tensor) -> torch.Tensor:
+    """RobertaClassificationHead reads position 0 (dropout, dense, tanh, dropout, out_proj)."""
+    return model.classifier(first_tokens[:, None, :])
 
 
-# model type -> (encoder returning the last hidden states, head from first-token states to logits)
-PACKED_CLASSIFIERS: dict[str, tuple[Callable, Callable]] = {"bert": (_bert_body, _bert_head)}
+def _distilbert_head(model: torch.nn.Module, first_tokens: torch.Tensor) -> torch.Tensor:
+    """DistilBertForSequenceClassification's head: pre_classifier, ReLU, dropout, classifier."""
+    pooled = torch.nn.functional.relu(model.pre_classifier(first_tokens))
+    return model.classifier(model.dropout(pooled))
 
 
-def unpackable_reason(task: str, model_type: str, num_labels: int) -> str | None:
-    """Why packing cannot train this model here (its per-document attention or head is not wired and tested),
-    or None."""
-    if task == "causal-lm":
-        if model_type not in PACKED_CAUSAL_LM:
-            return f"{model_type} is not a model type packing supports for causal-lm ({', '.join(PACKED_CAUSAL_LM)})"
-        return None
-    if model_type not in PACKED_CLASSIFIERS:
-        supported = ", ".join(PACKED_CLASSIFIERS)
-        return f"{model_type} is not a model type packing supports for sequence-classification ({supported})"
-    if num_labels < 2:
-        return "sequence classification packs only with model.num_labels of 2 or more"
-    return None
+# model type -> its classification head from first-token states to logits, as its forward computes it. The
+# encoder itself is the model's own forward (the module the backend compiled), its last hidden states read
+# from `hidden_states`. A model type packs where its head is here and loop/input_probe.py finds its
+# per-document mask equivalent (tests/unit/test_packing_isolation.py proves it per family).
+PACKED_HEADS: dict[str, Callable] = {"bert": _bert_head, "roberta": _roberta_head, "distilbert": _distilbert_head}
 
 
 def packed_attention_mask(document_ids: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -62,22 +53,46 @@ def packed_attention_mask(document_ids: torch.Tensor, causal: bool, dtype: torch
     return torch.where(same, zero, torch.finfo(dtype).min)
 
 
-def packed_inputs(batch: dict, causal: bool, dtype: torch.dtype) -> dict:
-    """Keyword arguments for the model on a packed batch (the labels of a causal LM included)."""
+def packed_inputs(
+    batch: dict, causal: bool, dtype: torch.dtype, use_cache: bool = False, position_offset: int = 0
+) -> dict:
+    """Keyword arguments for the model on a packed batch (the labels of a causal LM included; use_cache=False
+    where `use_cache`; positions from `position_offset`, RoBERTa's pad_token_id + 1)."""
+    positions = batch["position_ids"]
     inputs = {
         "input_ids": batch["input_ids"],
-        "position_ids": batch["position_ids"],
+        "position_ids": positions + position_offset if position_offset else positions,
         "attention_mask": packed_attention_mask(batch["document_ids"], causal, dtype),
     }
     if causal:
         inputs["labels"] = batch["labels"]
+    if use_cache:
+        inputs["use_cache"] = False
     return inputs
 
 
-def packed_classification(model: torch.nn.Module, batch: dict, dtype: torch.dtype) -> Any:
+def prepare_packed_classifier(model: torch.nn.Module, task: str, packing: Any) -> None:
+    """Under packed sequence classification, install transformers' output-capturing hooks now, before a backend
+    compiles the model: the packed path asks for `output_hidden_states`, and hooks installed on that first call
+    (under a lock) make TorchDynamo break the graph and compile one more."""
+    if packing is None or task != "sequence-classification" or not hasattr(model, "config"):
+        return
+    from transformers.utils.output_capturing import maybe_install_capturing_hooks  # lazy: a second to import
+
+    maybe_install_capturing_hooks(model)
+
+
+def packed_hidden_states(model: torch.nn.Module, batch: dict, dtype: torch.dtype, position_offset: int = 0) -> Any:
+    """An encoder's last hidden states (rows, length, hidden) on a packed batch, through the model's own
+    forward (its pooler and head run on each row's first token too, unread)."""
+    inputs = packed_inputs(batch, causal=False, dtype=dtype, position_offset=position_offset)
+    return model(**inputs, output_hidden_states=True).hidden_states[-1]
+
+
+def packed_classification(model: torch.nn.Module, batch: dict, dtype: torch.dtype, position_offset: int = 0) -> Any:
     """Per-document logits (rows, max_docs, labels) and the mean cross-entropy over the real documents."""
-    body, head = PACKED_CLASSIFIERS[model.config.model_type]
-    hidden = body(model, packed_inputs(batch, causal=False, dtype=dtype))
+    head = PACKED_HEADS[model.config.model_type]
+    hidden = packed_hidden_states(model, batch, dtype, position_offset)
     positions = batch["cls_positions"]
     rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
     first_tokens = hidden[rows, positions]  # (rows, max_docs, hidden)

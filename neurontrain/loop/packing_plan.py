@@ -13,7 +13,7 @@ from neurontrain.data.buckets import StepCostModel, bucketing_seconds, padding_f
 from neurontrain.data.packing import Packing, PackingEstimate, docs_limit, estimate_packing
 from neurontrain.data.sources import PreparedData
 from neurontrain.errors import UsageError
-from neurontrain.loop.packed import unpackable_reason
+from neurontrain.loop.model_inputs import ModelInputs, packing_refusal
 from neurontrain.recipe import Recipe
 
 
@@ -64,7 +64,7 @@ def _reason(chosen: bool, packed: PackingEstimate, bucketed_seconds: float, buck
 def decide_packing(
     recipe: Recipe,
     data: PreparedData,
-    model_type: str,
+    inputs: ModelInputs,
     bucketed: BucketedSide,
     *,
     cost: StepCostModel,
@@ -109,7 +109,7 @@ def decide_packing(
     }
     if spec.packing == "off":
         return PackingDecision(None, summary | {"chosen": False})
-    unpackable = unpackable_reason(task, model_type, recipe.model.num_labels)
+    unpackable = packing_refusal(inputs, task, recipe.model.num_labels, length)
     if spec.packing == "on":
         if unpackable:
             raise UsageError(f"data.packing: on: {unpackable}; set data.packing: off")

@@ -22,6 +22,11 @@ def describe_plan(plan: RunPlan) -> dict:
             "layers": plan.dims.n_layers,
             "hidden": plan.dims.hidden,
             "source": r.model.pretrained or "config",
+            "inputs": {  # as the set-up decided them from what the model accepts (loop/model_inputs.py)
+                "attention_mask": plan.dims.inputs.mask,
+                "use_cache_off": plan.dims.inputs.use_cache,
+                "packs": plan.dims.inputs.unpackable or True,
+            },
         },
         "data": {
             "source": r.data.source,

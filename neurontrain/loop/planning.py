@@ -371,7 +371,7 @@ def _with_packing(
     decision = decide_packing(
         recipe,
         data,
-        dims.model_type,
+        dims.inputs,
         BucketedSide(buckets.lengths, buckets.mode, (buckets.estimate or {}).get("seconds")),
         cost=_cost_model(recipe, backend, dims),
         graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),

@@ -20,7 +20,7 @@ from neurontrain.recipe import Recipe
 def forward(model: torch.nn.Module, batch: dict, dims: ModelDims, autocast: Any, precision: str) -> Any:
     with autocast(precision):
         if "cls_positions" in batch:  # packed sequence classification: a prediction per document
-            return packed_classification(model, batch, torch.float32)
+            return packed_classification(model, batch, torch.float32, dims.inputs.position_offset)
         return model(**model_inputs(batch, dims, torch.float32))
 
 

@@ -23,6 +23,7 @@ from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_w
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model, save_pretrained
+from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
 from neurontrain.loop.summary import RunSummary
@@ -39,7 +40,7 @@ class _Restored:
 
     optimizer: dict
     scheduler: dict
-    checkpoint: Path | None = None  # the directory (a ZeRO-1 checkpoint's per-rank optimizer files are there)
+    checkpoint: Path | None = None  # the directory (holding a ZeRO-1 checkpoint's per-rank optimizer files)
 
 
 class Trainer:
@@ -115,6 +116,7 @@ class Trainer:
         self.model.to(device)
         units = transformer_layers(self.model) if self.plan.fsdp else None  # FSDP2 compiles layer by layer
         self.planned_graphs = planned_graph_count(len(self.plan.expected_graphs()), len(units or []), self.plan.fsdp)
+        prepare_packed_classifier(self.model, recipe.task, self.plan.packing)
         backend.compile_model(self.model, self.planned_graphs, units)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
         self._compiles_at_start = backend.compile_count()
@@ -279,12 +281,10 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any], checkpoint: Path | None = None) -> None:
-        """Resume from `state` (as `state_dict` made it), into the model set-up has just built on the host.
-
-        The weights load now, before the model moves to the device; optimizer and schedule state wait for
-        set-up to build them for the device model. An RNG state in the checkpoint (written by earlier versions)
-        is not needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files.
-        """
+        """Resume from `state` (as `state_dict` made it), into the model set-up has just built on the host. The
+        weights load now, before the model moves to the device; optimizer and schedule state wait for set-up to
+        build them for the device model. An RNG state in the checkpoint (written by earlier versions) is not
+        needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files."""
         if "model" in state:  # else FSDP2's shards: the strategy loads them once it has sharded the model
             self.model.load_state_dict(state["model"])
         self.position = int(state["data_position"])

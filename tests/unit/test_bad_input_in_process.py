@@ -29,8 +29,8 @@ RECIPE_CASES = {
     "unknown packing mode": (mutate("data.packing", "sometimes"), "data.packing"),
     "no room for a document": (mutate("data.max_docs_per_row", 0), "data.max_docs_per_row"),
     "packing an unsupported model": (
-        mutate("data.packing", "on").replace("model_type: bert", "model_type: roberta"),
-        "data.packing: on: roberta is not a model type packing supports",
+        mutate("data.packing", "on").replace("model_type: bert", "model_type: deberta-v2"),
+        "data.packing: on: deberta-v2 does not honour a 4D additive attention mask",
     ),
     "not yaml": ("name: [unclosed\n", "not valid YAML"),
     "not a mapping": ("- a\n- b\n", "top level must be a mapping"),

@@ -58,3 +58,12 @@ def test_good_values_build_the_config_and_sizes():
     assert (config.hidden_size, config.vocab_size, dims.hidden) == (128, 600, 128)
     config, dims = _check("tiny-bert-classification")
     assert config.vocab_size == 512 and config.num_labels == 2 and dims.is_encoder
+
+
+def test_special_ids_outside_the_vocabulary_become_the_tokenizers():
+    """Phi-3's class defaults (pad and eos 32000) with a 512-token tokenizer: the tokenizer's pad id, no eos;
+    one the recipe sets itself is refused."""
+    config, _ = _check("tiny-llama-clm", "model.config.model_type=phi3")
+    assert config.pad_token_id == 0 and config.eos_token_id is None and config.bos_token_id == 1
+    with pytest.raises(UsageError, match="model.config.pad_token_id: 600 is outside the vocabulary of 512 tokens"):
+        _check("tiny-llama-clm", "model.config.model_type=phi3", "model.config.pad_token_id=600")

@@ -14,7 +14,7 @@ from neurontrain.data.collate import IGNORE_INDEX, Collator
 from neurontrain.data.packing import Packing, docs_limit, estimate_packing, pack_rows, packed_padding_fraction
 from neurontrain.data.sharding import worker_rows
 from neurontrain.errors import UsageError
-from neurontrain.loop.packed import unpackable_reason
+from neurontrain.loop.model_inputs import ModelInputs, packing_refusal
 from neurontrain.loop.planning import make_plan
 from neurontrain.recipe import load_recipe
 
@@ -123,12 +123,14 @@ def test_docs_limit_fits_the_shortest_sample_and_is_capped():
     assert docs_limit(10, 128) == 12 and docs_limit(1, 4096) == 64 and docs_limit(500, 128) == 1
 
 
-def test_only_tested_model_types_pack():
-    assert unpackable_reason("causal-lm", "llama", 2) is None
-    assert "gpt2" in unpackable_reason("causal-lm", "gpt2", 2)
-    assert unpackable_reason("sequence-classification", "bert", 2) is None
-    assert "roberta" in unpackable_reason("sequence-classification", "roberta", 2)
-    assert "num_labels" in unpackable_reason("sequence-classification", "bert", 1)
+def test_packing_refuses_what_the_model_inputs_rule_out():
+    packs = ModelInputs(mask="4d", position_ids=True)
+    assert packing_refusal(packs, "causal-lm", 2, 128) is None
+    assert "num_labels" in packing_refusal(packs, "sequence-classification", 1, 128)
+    assert "does not honour" in packing_refusal(ModelInputs(unpackable="x does not honour"), "causal-lm", 2, 128)
+    windowed = ModelInputs(position_ids=True, sliding_window=64)
+    assert "sliding window of 64" in packing_refusal(windowed, "causal-lm", 2, 128)
+    assert packing_refusal(windowed, "causal-lm", 2, 64) is None
 
 
 def _plan(recipe: str, *overrides: str):
@@ -181,11 +183,11 @@ def test_auto_packs_where_the_cost_model_says_so_and_says_why():
 
 
 def test_packing_refuses_a_model_it_cannot_isolate():
-    roberta = "model.config.model_type=roberta"
-    with pytest.raises(UsageError, match="data.packing: on: roberta is not a model type packing supports"):
-        _plan("tiny-bert-classification", "data.packing=on", roberta)
-    plan = _plan("tiny-bert-classification", "data.packing=auto", roberta)
-    assert plan.packing is None and "roberta" in plan.packing_summary["reason"]
+    deberta = "model.config.model_type=deberta-v2"
+    with pytest.raises(UsageError, match="data.packing: on: deberta-v2 does not honour a 4D additive attention mask"):
+        _plan("tiny-bert-classification", "data.packing=on", deberta)
+    plan = _plan("tiny-bert-classification", "data.packing=auto", deberta)
+    assert plan.packing is None and "deberta-v2" in plan.packing_summary["reason"]
 
 
 def test_packed_collation_matches_the_plan_document_limit():
