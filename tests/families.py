@@ -41,7 +41,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("bert", CLS, "BERT", tp_training="run"),
     Family("roberta", CLS, "RoBERTa"),
     Family("distilbert", CLS, "DistilBERT"),
-    Family("deberta-v2", CLS, "DeBERTa-v2", tp_training="reshapes by the config's head count"),
+    Family("deberta-v2", CLS, "DeBERTa-v2", packs=False, tp_training="reshapes by the config's head count"),
 )
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 DECODERS = tuple(f.model_type for f in FAMILIES if f.task == CLM)

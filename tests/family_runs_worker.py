@@ -29,8 +29,8 @@ from neurontrain.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = {
-    "data": {"train_samples": 240, "eval_samples": 16, "max_length": 64, "buckets": [64]},
-    "train": {"max_steps": 6, "log_every": 1, "eval_at_end": True, "schedule": {"warmup_steps": 1}},
+    "data": {"train_samples": 240, "eval_samples": 16, "max_length": 64, "buckets": [64], "packing": "off"},
+    "train": {"max_steps": 30, "log_every": 1, "eval_at_end": True, "schedule": {"warmup_steps": 1}},
     "checkpoint": {"every": 0},
     "runtime": {"preflight": False},
 }
@@ -93,6 +93,7 @@ def _from_shards(out: Path, model_type: str) -> dict:
         return {"error": f"migrate --to neuron --tp 2 exited {code}"}
     # a learning rate too small to move any fp32 weight (recipes refuse 0)
     changes = {"train": {"max_steps": 1, "optimizer": {"lr": 1e-30, "weight_decay": 0.0}, "eval_at_end": False}}
+    changes["train"]["schedule"] = {"warmup_steps": 0}
     changes["runtime"] = {"backend": "eager", "preflight": False}
     result = _train(out, model_type, "from_shards", changes, init_from=shards)
     if "error" in result:

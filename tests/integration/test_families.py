@@ -40,7 +40,7 @@ def _trained(result: dict, what: str) -> None:
     assert "error" not in result, f"{what}: {result.get('error')}"
     losses = result["losses"]
     assert losses and all(math.isfinite(v) for v in losses) and math.isfinite(result["eval_loss"]), what
-    assert losses[-1] < losses[0], f"{what}: loss did not fall: {losses}"
+    assert sum(losses[-5:]) < sum(losses[:5]), f"{what}: loss did not fall: {losses}"
     assert result["unexpected_graphs"] == 0, what
     assert result["compilations"] <= result["expected_graphs"], what  # graphs of an earlier run are cached
 
