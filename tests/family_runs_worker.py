@@ -48,6 +48,8 @@ def _recipe(out: Path, model_type: str, name: str, changes: dict):
     base = "tiny-llama-clm.yaml" if family.task == CLM else "tiny-bert-classification.yaml"
     raw = yaml.safe_load((REPO / "recipes" / base).read_text())
     raw["model"]["config"] = tiny_config_values(model_type)
+    if family.task != CLM:  # the tiny classifiers need more steps than the language models to leave ln 2
+        changes = _merge({"train": {"max_steps": 60}}, changes)
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(_merge(_merge(raw, SHORT), changes)))
     return load_recipe(path)
