@@ -58,6 +58,8 @@ def _probe_tokens(config: Any) -> tuple[list[torch.Tensor], int]:
     """Two documents of ordinary tokens (no special id: RoBERTa numbers positions by its pad id), and the pad id."""
     special = {getattr(config, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
     ordinary = torch.tensor([i for i in range(min(config.vocab_size, 1000)) if i not in special])
+    if len(ordinary) == 0:  # a vocabulary of special tokens only
+        ordinary = torch.arange(min(config.vocab_size, 1000))
     generator = torch.Generator().manual_seed(0)
     docs = [ordinary[torch.randint(0, len(ordinary), (n,), generator=generator)] for n in DOCS]
     pad = config.pad_token_id if isinstance(config.pad_token_id, int) else 0

@@ -347,6 +347,17 @@ def _deepspeed_accelerator_named() -> Iterator[None]:
         yield
 
 
+def host_copies(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Host copies of a model's weights, one per tensor: tied names (an LM head sharing the embedding) share one
+    copy, as they share one tensor on the device, so save_pretrained writes it once whatever the backend (on XLA
+    each `.cpu()` is a new tensor)."""
+    copies: dict[int, torch.Tensor] = {}
+    for tensor in weights.values():
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.detach().cpu()
+    return {name: copies[id(tensor)] for name, tensor in weights.items()}
+
+
 def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor]) -> None:
     """`model.save_pretrained` without DeepSpeed's accelerator warning (`_deepspeed_accelerator_named`)."""
     with _deepspeed_accelerator_named():

@@ -117,14 +117,21 @@ def decide_packing(
     if unpackable:
         reason = f"data.packing auto: no packing: {unpackable}"
         return PackingDecision(None, summary | {"chosen": False, "reason": reason})
+    return _auto_choice(packing, packed, seconds, bucketed, spec.batch_size, summary)
+
+
+def _auto_choice(
+    packing: Packing, packed: PackingEstimate, seconds: float, bucketed: BucketedSide, batch_size: int, summary: dict
+) -> PackingDecision:
+    """data.packing auto: the cheaper side; packed, with the rows that hold about batch_size samples a step."""
     chosen = packed.seconds < seconds
     reason = _reason(chosen, packed, seconds, bucketed)
     if not chosen:
         return PackingDecision(None, summary | {"chosen": False, "reason": reason})
-    rows = packed_rows(spec.batch_size, packed.documents_per_row)
+    rows = packed_rows(batch_size, packed.documents_per_row)
     reason += (
         f"; {rows} packed rows a step (about {rows * packed.documents_per_row:.0f} samples: a step sees about the "
-        f"data.batch_size {spec.batch_size} samples an unpacked step does)"
+        f"data.batch_size {batch_size} samples an unpacked step does)"
     )
     return PackingDecision(packing, summary | {"chosen": True, "reason": reason, "rows_per_step": rows})
 

@@ -22,7 +22,7 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
-from neurontrain.loop.model import build_model, save_pretrained
+from neurontrain.loop.model import build_model, host_copies, save_pretrained
 from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
@@ -394,7 +394,7 @@ class Trainer:
     def _export(self, weights: dict) -> None:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
-        cpu_state = {k: v.detach().cpu() for k, v in weights.items()}
+        cpu_state = host_copies(weights)
         check_finite_weights(cpu_state, self.recipe.train.max_steps, "the final model")
         save_pretrained(self.model, target, cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))
