@@ -23,7 +23,7 @@ from neurontrain.data.collate import Collator
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.model import build_model
+from neurontrain.loop.model import build_model, move_to_device
 from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.zero1 import Strategy, build_strategy
@@ -63,7 +63,7 @@ class _Tracer:
     def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, Strategy]:
         """Model and optimizer (worker 0's, as the loop builds it) on the device. set_up: state as after the
         loop's set-up sync (device data)."""
-        model = copy.deepcopy(self.cpu_model).to(self.device)
+        model = move_to_device(copy.deepcopy(self.cpu_model), self.device)
         strategy = build_strategy(self.plan, model, self.backend, DataParallel(0, self.plan.world))
         if set_up:
             strategy.load(self.cpu_optimizer_state, self.cpu_scheduler_state, None)

@@ -31,7 +31,7 @@ from neurontrain.data.batching import IndexBatch
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.model import build_model
+from neurontrain.loop.model import build_model, move_to_device
 from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.zero1 import build_strategy
@@ -121,7 +121,7 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         report.seconds = time.perf_counter() - start
         return report
     model = build_model(plan.recipe, plan.config)
-    model.to(backend.device)
+    move_to_device(model, backend.device)
     prepare_packed_classifier(model, plan.recipe.task, plan.packing)
     backend.compile_model(model, len(keys))
     build_strategy(plan, model, backend, DataParallel(0, plan.world)).materialize()

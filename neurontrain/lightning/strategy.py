@@ -24,6 +24,7 @@ from neurontrain.lightning import internals, runtime
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
 from neurontrain.lightning.plan import choose_plan, eval_loader_rows
 from neurontrain.lightning.session import Session
+from neurontrain.loop.model import move_to_device
 from neurontrain.loop.optim import materialize_optimizer_state
 
 
@@ -95,6 +96,11 @@ class NeurontrainStrategy(SingleDeviceStrategy):
     @property
     def root_device(self) -> torch.device:
         return self.session.backend.device
+
+    def model_to_device(self) -> None:
+        """The module on the device with its shared parameters still shared (an LM head tied to its embedding:
+        a plain `.to()` to an XLA device makes one parameter per module)."""
+        move_to_device(self.model, self.root_device)
 
     def setup_environment(self) -> None:
         """The device checks (exit 3 on failure) before anything runs on the device; neurontrain's callbacks."""

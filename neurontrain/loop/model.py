@@ -347,15 +347,37 @@ def _deepspeed_accelerator_named() -> Iterator[None]:
         yield
 
 
-def host_copies(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Host copies of a model's weights, one per tensor: tied names (an LM head sharing the embedding) share one
-    copy, as they share one tensor on the device, so save_pretrained writes it once whatever the backend (on XLA
-    each `.cpu()` is a new tensor)."""
-    copies: dict[int, torch.Tensor] = {}
-    for tensor in weights.values():
-        if id(tensor) not in copies:
-            copies[id(tensor)] = tensor.detach().cpu()
-    return {name: copies[id(tensor)] for name, tensor in weights.items()}
+def move_to_device(model: torch.nn.Module, device: Any) -> torch.nn.Module:
+    """`model.to(device)` with shared parameters still shared. Moving to an XLA device makes a new parameter for
+    each module that holds one, so an LM head tied to the embedding (GPT-2, Gemma, Llama 3.2 1B) would train as a
+    second matrix and the export would no longer be the tied model its config says."""
+    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, name))
+    model.to(device)
+    for places in holders.values():
+        (first, first_name), *others = places
+        for module, name in others:
+            setattr(module, name, getattr(first, first_name))
+    return model
+
+
+def host_copies(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Host copies of the model's weights (its state dict's names), one per parameter: names of one shared
+    parameter (an LM head tied to the embedding) share one copy, so save_pretrained writes it once whatever the
+    backend (on XLA every state-dict entry is a tensor of its own)."""
+    canonical: dict[str, str] = {}
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical[name] = first.setdefault(id(param), name)
+    copies: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        key = canonical.get(name, name)
+        if key not in copies:
+            copies[key] = tensor.detach().cpu()
+    return {name: copies[canonical.get(name, name)] for name in weights}
 
 
 def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor]) -> None:

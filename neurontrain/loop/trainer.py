@@ -22,7 +22,7 @@ from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
-from neurontrain.loop.model import build_model, host_copies, save_pretrained
+from neurontrain.loop.model import build_model, host_copies, move_to_device, save_pretrained
 from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
@@ -113,7 +113,7 @@ class Trainer:
         self._resume()
         if self.initialize is not None and self._restored is None:
             self.initialize(self.model)
-        self.model.to(device)
+        move_to_device(self.model, device)
         units = transformer_layers(self.model) if self.plan.fsdp else None  # FSDP2 compiles layer by layer
         self.planned_graphs = planned_graph_count(len(self.plan.expected_graphs()), len(units or []), self.plan.fsdp)
         prepare_packed_classifier(self.model, recipe.task, self.plan.packing)
@@ -394,7 +394,7 @@ class Trainer:
     def _export(self, weights: dict) -> None:
         """Final weights in Hugging Face format (safetensors), usable on GPUs as they are."""
         target = self.output_dir / "model"
-        cpu_state = host_copies(weights)
+        cpu_state = host_copies(weights, self.model)
         check_finite_weights(cpu_state, self.recipe.train.max_steps, "the final model")
         save_pretrained(self.model, target, cpu_state)
         self.plan.data.tokenizer.save_pretrained(str(target))
