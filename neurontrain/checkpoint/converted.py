@@ -18,28 +18,24 @@ import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers.core_model_loading import (
-    Concatenate,
-    MergeModulelist,
-    WeightConverter,
-    WeightRenaming,
-    apply_converters,
-    apply_renamings,
-    dot_natural_key,
-)
 
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.errors import UsageError, first_line
 
-SUPPORTED_OPERATIONS = (MergeModulelist, Concatenate)
+if TYPE_CHECKING:
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
 
 
 def supported(converter: WeightConverter) -> bool:
     """Whether ConvertedSource applies the converter: many (or one) to one, merging operations only."""
+    # lazy: importing transformers' loading machinery changes the graphs a process traces afterwards
+    from transformers.core_model_loading import Concatenate, MergeModulelist
+
     return len(converter.target_patterns) == 1 and all(
-        isinstance(op, SUPPORTED_OPERATIONS) for op in converter.operations
+        isinstance(op, (MergeModulelist, Concatenate)) for op in converter.operations
     )
 
 
@@ -125,6 +121,8 @@ def _merges(keys: list[str], renamings: list[WeightRenaming], converters: list[W
     collects them (natural order of the checkpoint names)."""
     if not converters:
         return {}
+    from transformers.core_model_loading import apply_converters, apply_renamings, dot_natural_key  # lazy: as above
+
     by_pattern = {pattern: c for c in converters for pattern in c.source_patterns}
     merges: dict[str, _Merge] = {}
     for key in sorted(keys, key=dot_natural_key):

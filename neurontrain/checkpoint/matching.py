@@ -19,15 +19,17 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import transformers
-from transformers.conversion_mapping import get_model_conversion_mapping
-from transformers.core_model_loading import WeightConverter, WeightRenaming, apply_converters, apply_renamings
 
 from neurontrain.checkpoint.converted import ConvertedSource, supported
 from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
 from neurontrain.errors import NeurontrainError, UsageError
+
+if TYPE_CHECKING:
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
 
 
 def model_from_config(config: dict) -> torch.nn.Module:
@@ -76,6 +78,10 @@ def _conversions(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[We
     converters that merge or split tensors (those merging only are applied: converted.py)."""
     with torch.device("meta"):
         model = model_from_config(json.loads(config_json))
+    # lazy: importing transformers' loading machinery changes the graphs a process traces afterwards
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
     mapping = get_model_conversion_mapping(model)
     renamings = tuple(t for t in mapping if isinstance(t, WeightRenaming))
     return renamings, tuple(t for t in mapping if isinstance(t, WeightConverter))
@@ -90,7 +96,7 @@ def needs_conversion(keys: list[str], config: dict) -> tuple[str, str, str] | No
     entry that a converter ConvertedSource does not apply would convert on load, or None."""
     converters = [c for c in _conversions(json.dumps(config, sort_keys=True))[1] if not supported(c)]
     for key in keys:
-        target, pattern = apply_converters(key, converters)
+        target, pattern = _apply_converters(key, converters)
         if pattern is not None:
             ops = ", ".join(
                 type(op).__name__ for op in next(c for c in converters if pattern in c.source_patterns).operations
@@ -111,7 +117,7 @@ def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
     renamings = list(_renamings(json.dumps(config, sort_keys=True)))
     out: dict[str, str] = {}
     for key in keys:
-        out.setdefault(apply_renamings(key, renamings) if renamings else key, key)
+        out.setdefault(_apply_renamings(key, renamings) if renamings else key, key)
     return out
 
 
@@ -314,3 +320,15 @@ def check_loads(config: dict, shapes: dict[str, tuple[int, ...]], what: str) -> 
         raise NeurontrainError(
             f"{what} would not load into {architecture(config)} with strict=True, so it was not written: {detail}"
         ) from None
+
+
+def _apply_converters(key: str, converters: list) -> tuple:
+    from transformers.core_model_loading import apply_converters  # lazy: see _conversions
+
+    return apply_converters(key, converters)
+
+
+def _apply_renamings(key: str, renamings: list) -> str:
+    from transformers.core_model_loading import apply_renamings  # lazy: see _conversions
+
+    return apply_renamings(key, renamings)
