@@ -64,8 +64,9 @@ def test_two_ddp_workers_match_one_worker_on_the_same_global_batch(runs):
 
 def test_two_fsdp_workers_match_one_worker_on_the_same_global_batch(runs):
     summary = _matches_eager(runs, "fsdp")
-    # one graph per layer for the one planned train shape, nothing else
-    assert summary["expected_graphs"] == summary["compilations"] == summary["distinct_graphs"] == LAYERS
+    # at most one graph per layer for the one planned train shape, nothing else (identical layers may share one
+    # compiled graph since the model inputs are decided per model: TorchDynamo reuses it)
+    assert summary["expected_graphs"] == LAYERS and 1 <= summary["compilations"] == summary["distinct_graphs"] <= LAYERS
     assert summary["unexpected_graphs"] == 0
     # each worker holds about half of every parameter, gradient and AdamW moment (dim-0 shards)
     whole = read_json(runs / "eager" / "summary.json")["device_bytes"][0]
