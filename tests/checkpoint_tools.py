@@ -270,10 +270,9 @@ def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
         "print(json.dumps([str(p) for p in paths]))\n"
     )
     env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", **(env or {})}
-    if "MASTER_PORT" not in env:  # a free one: the port Lightning picks was seen taken while a Ray test ran beside
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            env["MASTER_PORT"] = str(s.getsockname()[1])
+    with socket.socket() as s:  # always a free one: an inherited or default port was seen taken by other tests
+        s.bind(("127.0.0.1", 0))
+        env["MASTER_PORT"] = str(s.getsockname()[1])
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     import json

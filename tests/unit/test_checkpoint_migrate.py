@@ -128,8 +128,9 @@ def test_bert_round_trip_and_logits(tmp_path, tp):
     assert logits_diff(open_checkpoint(src), open_checkpoint(back), config) <= 1e-5
 
 
-def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path):
+def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path, monkeypatch):
     import copy
+    import socket
 
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -139,7 +140,10 @@ def test_ddp_fsdp_and_dcp_inputs_migrate(tmp_path):
     model, src = llama(tmp_path)
     reference = open_checkpoint(src)
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29400 + os.getpid() % 500))
+    with socket.socket() as s:  # a free port, and set for this test only: a later process would inherit it
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         ddp = DistributedDataParallel(model)
