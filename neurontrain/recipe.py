@@ -255,6 +255,19 @@ class Recipe(_Strict):
         )
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
+    def model_fingerprint(self) -> str:
+        """Hash of what the model is: its architecture or checkpoint, labels and tokenizer (`compare` refuses
+        runs of different models)."""
+        payload = self.model_dump(mode="json", include={"task": True, "model": True, "tokenizer": True})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def data_fingerprint(self) -> str:
+        """Hash of which samples a run trains and evaluates on (not how they are batched or bucketed)."""
+        fields = {"source", "path", "name", "split", "eval_split", "text_field", "label_field", "train_samples"}
+        fields |= {"eval_samples", "max_length", "overlong", "shuffle", "seed"}
+        payload = self.data.model_dump(mode="json", include=fields)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
 
 def _format_validation_error(err: ValidationError) -> str:
     parts = []

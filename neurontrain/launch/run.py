@@ -48,7 +48,7 @@ def train_single(
     pulled = native.pulled if native else cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     modules_before = _modules(location)
     if recipe.runtime.preflight and preflight_check:
-        preflight(backend, recipe, DataParallel())
+        preflight(backend, recipe, DataParallel(), output_dir)
     _announce(plan, backend.name, output_dir)
     manifest = _manifest_ids(plan, backend.name, cache.local)
     trainer = _trainer(plan, backend, output_dir, manifest, DataParallel(), init_from)

@@ -32,10 +32,12 @@ class RecompilationGuard:
         known_graphs: set[str] | None = None,
         explain: Callable[[], list[str]] | None = None,
         graphs_per_key: int = 1,
+        compile_seconds: Callable[[], float] | None = None,
     ) -> None:
         """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them.
         explain: why the graphs since its last call compiled (each call reports only what is new).
-        graphs_per_key: graphs one key compiles (native FSDP2: one per layer)."""
+        graphs_per_key: graphs one key compiles (native FSDP2: one per layer). compile_seconds: the backend's
+        compile-seconds counter, for the compile timeline (`timeline`: one entry per sync that compiled)."""
         self.expected = set(expected)
         self.known_graphs = known_graphs
         self.mode = mode
@@ -52,6 +54,9 @@ class RecompilationGuard:
         self.hidden_syncs: list[dict] = []
         self._synced_keys_reported: set[tuple] = set()
         self._extra_reported = 0
+        self._seconds = compile_seconds or (lambda: 0.0)
+        self._last_seconds = self._seconds()
+        self.timeline: list[dict] = []
 
     def after_sync(
         self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1, graph: str | None = None
@@ -66,6 +71,7 @@ class RecompilationGuard:
         why = self._explain() if new_compiles > 0 else []
         if new_compiles > 0:
             first_time = key not in self.compiled
+            self._record_compile(key, step, new_compiles, expected=first_time and key in self.expected)
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
             unlisted = self.known_graphs is not None and graph is not None and graph not in self.known_graphs
             too_many = new_compiles > syncs * self.graphs_per_key
@@ -106,6 +112,12 @@ class RecompilationGuard:
                 )
             self._synced_keys_reported.add(key)
             self._extra_reported = extra_executions
+
+    def _record_compile(self, key: tuple, step: int, graphs: int, expected: bool) -> None:
+        seconds = self._seconds()
+        entry = {"step": step, "key": [str(k) for k in key], "graphs": graphs, "expected": expected}
+        self.timeline.append({**entry, "seconds": round(seconds - self._last_seconds, 4)})
+        self._last_seconds = seconds
 
     @property
     def distinct_graphs(self) -> int:

@@ -101,6 +101,7 @@ class StepLog:
         self._exit = contextlib.ExitStack()
         self._bar: tqdm | None = None
         self.real_tokens = self.slot_tokens = 0  # this worker's, over the run
+        self.buckets: dict[int, list[int]] = {}  # this worker's, by bucket length
         self._since = time.perf_counter()
         self._real = self._slots = 0  # this worker's, since the last logged step
 
@@ -121,8 +122,11 @@ class StepLog:
     def records(self) -> list[dict]:
         return self.writer.records
 
-    def count(self, real: int, slots: int) -> None:
-        """Real (non-padding) tokens and batch slots of one micro-batch of this worker."""
+    def count(self, real: int, slots: int, length: int | None = None) -> None:
+        """Real (non-padding) tokens and batch slots of one micro-batch of this worker, of bucket `length`."""
+        if length is not None:
+            counts = self.buckets.setdefault(length, [0, 0, 0])  # micro-batches, real tokens, slots
+            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + real, counts[2] + slots
         self._real += real
         self._slots += slots
         self.real_tokens += real

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,13 @@ class RunSummary:
     device_bytes: list[dict] = field(default_factory=list)  # per worker: live device-tensor bytes by planner category
     compile_cache: dict | None = None  # what run pulled/pushed; on native also `native` (artifacts loaded, cache hits)
     neuron_cache: dict | None = None  # on Neuron: runtime cache root, modules compiled at run time, cache hits
+    compiles: list[dict] = field(default_factory=list)  # compile timeline: step, graph key, graphs, seconds, expected
+    bucket_tokens: list[dict] = field(default_factory=list)  # per bucket: training micro-batches, real tokens, slots
+    memory_plan: dict | None = None  # the memory planner's candidates (GiB per category) and its choice
+    model_fingerprint: str | None = None  # hash of model, task and tokenizer settings (compare needs them equal)
+    data_fingerprint: str | None = None  # hash of the data settings that pick the samples (compare needs them equal)
+    learning_rate: float | None = None  # peak learning rate (train.optimizer.lr)
+    instance_type: str | None = None  # NEURONTRAIN_INSTANCE_TYPE, SageMaker's instance type or the recipe's cluster
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,6 +94,15 @@ CONSOLE_FIELDS = (
     "padding_fraction",
     "wall_seconds",
 )
+
+
+def instance_type(recipe_groups: list[tuple[str, str | None]]) -> str | None:
+    """The instance the run trained on, as far as it knows: NEURONTRAIN_INSTANCE_TYPE, SageMaker's
+    SM_CURRENT_INSTANCE_TYPE, else the instance type of the recipe's trainium cluster group (role, type)."""
+    for name in ("NEURONTRAIN_INSTANCE_TYPE", "SM_CURRENT_INSTANCE_TYPE"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return next((kind for role, kind in recipe_groups if role == "trainium" and kind), None)
 
 
 def read_summary(output_dir: Path) -> RunSummary | None:

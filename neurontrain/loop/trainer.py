@@ -18,6 +18,7 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.loop import checkpoints, steps
+from neurontrain.loop.run_facts import report_fields
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
@@ -129,6 +130,7 @@ class Trainer:
             known_graphs=self.manifest_graphs,
             explain=backend.compile_notes,
             graphs_per_key=len(units) if units else 1,
+            compile_seconds=backend.compile_seconds,
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
@@ -164,7 +166,7 @@ class Trainer:
                 seed_graph(backend, graph_seed(recipe.train.seed, step, micro, self.dp.rank))
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
             length = batch["input_ids"].shape[1]
-            self.log.count(real, batch["input_ids"].numel())
+            self.log.count(real, batch["input_ids"].numel(), length)
             if n_items == 0 and self.dp.enabled:
                 continue  # a partial last batch left this worker no rows: it adds nothing (and no NaN)
             items += n_items
@@ -225,8 +227,7 @@ class Trainer:
         self.dp.barrier()
 
     def summarize(self, wall_start: float) -> RunSummary:
-        """The run's summary, written to summary.json by worker 0 (unless extracting). Token counts are summed
-        over the workers, and the wall time ends after a barrier, when every worker is done."""
+        """The run's summary (summary.json, by worker 0): token counts over all workers, wall time after a barrier."""
         recipe, plan, backend, guard = self.recipe, self.plan, self.backend, self.guard
         losses = [r["loss"] for r in self.log.records if "loss" in r]
         real, slots = self.dp.sum_counts(self.log.real_tokens, self.log.slot_tokens)
@@ -262,6 +263,7 @@ class Trainer:
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
             device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),
+            **report_fields(self.recipe, self.plan, self.guard.timeline, self.dp, self.log.buckets),
         )
         if self.writes:
             summary.write(self.output_dir)
@@ -322,8 +324,7 @@ class Trainer:
     def _sync(
         self, key: tuple, step: int, tensors: Callable[[], list[torch.Tensor]], shapes: dict | None = None
     ) -> None:
-        """Cut and run the pending graph of `key`, then let the guard check what compiled. The first time a key
-        runs under a manifest, the pending graph is identified before it runs."""
+        """Cut and run the pending graph of `key` (identified first, once, under a manifest); the guard checks it."""
         graph = None
         if self.manifest_graphs is not None and self.backend.is_xla and key not in self._identified:
             self._identified.add(key)
@@ -352,8 +353,7 @@ class Trainer:
     def _log_loss(
         self, step: int, lr: float, global_loss: float | torch.Tensor | None, micro_losses: list[torch.Tensor]
     ) -> None:
-        """On logged steps, record the loss: now when it is on the host already (host reduction), else in a
-        step closure that reads it after the step's sync."""
+        """On logged steps, record the loss: now if on the host already (host reduction), else in a step closure."""
         train = self.recipe.train
         if not (step == 1 or step % train.log_every == 0 or step == train.max_steps):
             return
