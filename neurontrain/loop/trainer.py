@@ -18,7 +18,6 @@ import torch
 
 from neurontrain.backend import Backend
 from neurontrain.loop import checkpoints, steps
-from neurontrain.loop.run_facts import report_fields
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
@@ -27,6 +26,7 @@ from neurontrain.loop.model import build_model, host_copies, move_to_device, sav
 from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.rng import graph_seed, seed_graph
+from neurontrain.loop.run_facts import report_fields
 from neurontrain.loop.summary import RunSummary
 from neurontrain.loop.zero1 import Strategy, build_strategy
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
