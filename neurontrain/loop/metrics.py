@@ -78,7 +78,8 @@ class StepLog:
     """The loop's per-step output, used as a context manager around the loop.
 
     A logged training step is one record: loss, learning rate, and since the previous logged step the real
-    tokens a second and the padding share (over all workers), and the compilations so far. Token counts come
+    tokens a second and the padding share (over all workers), the compilations so far, the real tokens trained
+    since step 1 (`tokens_seen`) and the wall-clock time. Token counts come
     in per micro-batch (`count`). On rank 0 tqdm's bar shows the steps, and the package's log lines are printed
     above it instead of through it.
     """
@@ -104,6 +105,8 @@ class StepLog:
         self.buckets: dict[int, list[int]] = {}  # this worker's, by bucket length
         self._since = time.perf_counter()
         self._real = self._slots = 0  # this worker's, since the last logged step
+        seen = [r["tokens_seen"] for r in writer.records if "tokens_seen" in r]
+        self.tokens_seen = seen[-1] if seen else 0  # real tokens of all workers, since step 1 (across resumes)
 
     def __enter__(self) -> StepLog:
         total, initial = self._bar_range
@@ -144,7 +147,10 @@ class StepLog:
             "tokens_per_second": real / seconds,
             "compilations": self._compilations(),
             "padding_fraction": 1.0 - real / max(slots, 1),
+            "tokens_seen": self.tokens_seen + real,
+            "time": round(time.time(), 3),
         }
+        self.tokens_seen += real
         self.writer.log(record)
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
