@@ -33,12 +33,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("neurontrain.commands.health", "device and collective checks across workers; exit 3 on failure"),
     "submit": ("neurontrain.commands.submit", "submit a recipe to SLURM or SageMaker"),
     "env": ("neurontrain.commands.env", "print the backend, devices and package versions"),
+    "report": ("neurontrain.commands.report", "one HTML page with plots of one or more runs"),
+    "compare": ("neurontrain.commands.compare", "compare two runs' losses and metric with a tolerance; exit 1 beyond"),
 }
 
 
 # verbs that never use an XLA device: transformers and accelerate are told not to import torch_xla (their
 # USE_TORCH_XLA flag), which they otherwise do as soon as a model config is read (about 2 s of start-up)
-HOST_ONLY_VERBS = {"checkpoint"}
+HOST_ONLY_VERBS = {"checkpoint", "report", "compare"}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         summary = train_single(recipe, output_dir, preflight_check=not args.no_preflight, init_from=init_from)
     if summary is not None:
         print(json.dumps(summary.console()))
+        log.info(f"a page with its plots: neurontrain report {output_dir} -o {output_dir / 'report.html'}")
     return 0
 
 
