@@ -1,7 +1,7 @@
 """`summary.json`: the one definition of what a run reports when it ends.
 
 The trainer fills a `RunSummary`; `run` adds the cache counters, prints `CONSOLE_FIELDS` as one JSON line
-and writes the whole summary atomically. The README's table of fields is `fields_table()` (a test checks
+and writes the whole summary atomically. docs/outputs.md's table of fields is `fields_table()` (a test checks
 that the two agree).
 """
 
@@ -21,7 +21,7 @@ from neurontrain.fileio import write_file_atomic
 
 @dataclass(kw_only=True)
 class RunSummary:
-    """What a run reports when it ends; each field's comment is its description in the README."""
+    """What a run reports when it ends; each field's comment is its description in docs/outputs.md."""
 
     recipe: str  # recipe name
     backend: str  # backend the run used (neuron, xla-cpu, xla-cuda, native, eager)
@@ -119,7 +119,7 @@ def field_descriptions() -> dict[str, str]:
 
 
 def fields_table() -> str:
-    """The Markdown table of summary.json's fields, as the README shows it."""
+    """The Markdown table of summary.json's fields, as docs/outputs.md shows it."""
     docs = field_descriptions()
     rows = ["| field | meaning |", "|---|---|"]
     rows += [f"| `{f.name}` | {docs[f.name]} |" for f in dataclasses.fields(RunSummary)]

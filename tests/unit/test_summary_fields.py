@@ -10,7 +10,7 @@ import pytest
 
 from neurontrain.loop.summary import CONSOLE_FIELDS, RunSummary, fields_table, read_summary
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "outputs.md"
 
 
 def _summary(**changes) -> RunSummary:
@@ -38,11 +38,12 @@ def _summary(**changes) -> RunSummary:
     return RunSummary(**{**base, **changes})
 
 
-def test_the_readme_table_is_the_generated_one():
+def test_the_outputs_page_table_is_the_generated_one():
     text = README.read_text()
     block = re.search(r"<!-- summary-fields:start -->\n(.*?)\n<!-- summary-fields:end -->", text, re.S)
-    assert block, "README lacks the summary-fields block"
-    assert block.group(1) == fields_table(), "README's summary.json table is stale: regenerate it from fields_table()"
+    assert block, "docs/outputs.md lacks the summary-fields block"
+    stale = "docs/outputs.md's summary.json table is stale: regenerate it from fields_table()"
+    assert block.group(1) == fields_table(), stale
 
 
 def test_summary_round_trips_and_is_written_atomically(tmp_path):

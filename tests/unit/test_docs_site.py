@@ -1,0 +1,48 @@
+"""The docs site builds with `mkdocs build --strict` (a broken link, anchor or nav entry fails it), every page in
+docs/ is in its nav, and the README's links into docs/ lead to pages that exist."""
+
+import re
+
+import pytest
+from conftest import REPO
+
+mkdocs_config = pytest.importorskip("mkdocs.config", reason="mkdocs-material is in the test extra")
+
+
+def _build(tmp_path, docs_dir=None):
+    from mkdocs.commands.build import build
+
+    options = {"site_dir": str(tmp_path / "site"), "strict": True}
+    if docs_dir is not None:
+        options["docs_dir"] = str(docs_dir)
+    config = mkdocs_config.load_config(str(REPO / "mkdocs.yml"), **options)
+    build(config)
+    return tmp_path / "site"
+
+
+def test_the_site_builds_strict_with_every_page(tmp_path):
+    site = _build(tmp_path)
+    for page in sorted((REPO / "docs").glob("*.md")):
+        html = site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
+        assert html.is_file(), f"docs/{page.name} was not built into the site"
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path):
+    from mkdocs.exceptions import Abort
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for page in (REPO / "docs").glob("*.md"):
+        (docs / page.name).write_text(page.read_text())
+    (docs / "report.md").write_text((docs / "report.md").read_text() + "\n[gone](no-such-page.md)\n")
+    with pytest.raises(Abort):
+        _build(tmp_path, docs)
+
+
+def test_the_readme_links_into_docs_lead_to_pages_that_exist():
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\((docs/[^)#]*)", readme)
+    assert len(targets) > 10
+    missing = [t for t in targets if not (REPO / t).exists()]
+    assert not missing, f"README links to missing docs: {missing}"
+    assert len(readme.splitlines()) <= 250, "the README is a front page: 250 lines at most"
