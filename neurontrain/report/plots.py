@@ -9,6 +9,7 @@ from typing import Any
 from neurontrain.report import series
 from neurontrain.report.runs import RunFiles
 
+STYLES = ("-", "--", ":", "-.")  # runs that agree draw on top of each other: each run its own dash
 CATEGORIES = ("parameters", "gradients", "optimizer", "master", "activations", "logits", "autocast", "runtime")
 
 
@@ -35,14 +36,16 @@ def loss_curves(runs: list[RunFiles], by: str) -> str | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     drawn = False
-    for run in runs:
+    for i, run in enumerate(runs):
         train = series.curve(run.records, run.summary, "loss", by)
         evals = series.curve(run.records, run.summary, "eval_loss", by)
         if train:
-            line = ax.plot(*zip(*train), label=f"{run.name} loss", linewidth=1.4)[0]
+            style = STYLES[i % len(STYLES)]
+            line = ax.plot(*zip(*train), style, label=f"{run.name} loss", linewidth=1.4 + 0.8 * (i == 0))[0]
             drawn = True
             if evals:
-                ax.plot(*zip(*evals), "o", color=line.get_color(), label=f"{run.name} eval_loss")
+                marker = "os^v"[i % 4]
+                ax.plot(*zip(*evals), marker, color=line.get_color(), fillstyle="none", label=f"{run.name} eval_loss")
         resumed = run.summary.get("resumed_from_step")
         if resumed and by == "steps":
             ax.axvline(resumed, linestyle=":", color="grey")
@@ -61,11 +64,12 @@ def throughput(runs: list[RunFiles]) -> str | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     drawn = False
+    by_step = False
     for run in runs:
         points = [(r["time"], r["tokens_per_second"]) for r in run.train if "time" in r]
         if not points:
             points = [(float(r["step"]), r["tokens_per_second"]) for r in run.train]
-            label = f"{run.name} (by step: no times recorded)"
+            label, by_step = f"{run.name} (by step: no times recorded)", True
         else:
             start = points[0][0]
             points = [(t - start, v) for t, v in points]
@@ -76,7 +80,7 @@ def throughput(runs: list[RunFiles]) -> str | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("seconds since the first logged step")
+    ax.set_xlabel("seconds since the first logged step" + (" (or step)" if by_step else ""))
     ax.set_ylabel("real tokens / s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
