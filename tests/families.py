@@ -4,7 +4,8 @@ head_dim 16 where the config names one); everything else (sliding windows, biase
 activation functions) stays as the config class sets it. No hub: nothing is downloaded.
 
 `FAMILIES` is the one parameter list of the per-family tests and of the README's table of families
-(`python tests/families.py` prints it; tests/unit/test_families_table.py checks the README holds it).
+(`python tests/families.py` prints it; tests/unit/test_families_table.py checks README.md and
+docs/model-families.md hold it).
 """
 
 from __future__ import annotations

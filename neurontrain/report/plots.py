@@ -66,9 +66,10 @@ def throughput(runs: list[RunFiles]) -> str | None:
     drawn = False
     by_step = False
     for run in runs:
-        points = [(r["time"], r["tokens_per_second"]) for r in run.train if "time" in r]
+        logged = [r for r in run.train if r.get("tokens_per_second") is not None]
+        points = [(r["time"], r["tokens_per_second"]) for r in logged if "time" in r]
         if not points:
-            points = [(float(r["step"]), r["tokens_per_second"]) for r in run.train]
+            points = [(float(r["step"]), r["tokens_per_second"]) for r in logged]
             label, by_step = f"{run.name} (by step: no times recorded)", True
         else:
             start = points[0][0]
