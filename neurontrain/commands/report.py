@@ -25,4 +25,3 @@ def run(args: argparse.Namespace) -> int:
     write_file_atomic(args.output, page.encode())
     print(f"wrote {args.output} ({len(args.runs)} run{'s' if len(args.runs) > 1 else ''})")
     return 0
-
