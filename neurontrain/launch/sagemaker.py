@@ -158,7 +158,7 @@ def training_job_request(job: SageMakerJob) -> dict:
         "NEURONTRAIN_CACHE_DIR": NODE_CACHE_DIR,
         **job.instance.environment(job.instance_count),
         # Ray's token auth needs one token on every host; the job's hosts talk over its own cluster network, so
-        # the Ray cluster of a heterogeneous job runs without (README: "Heterogeneous clusters")
+        # the Ray cluster of a heterogeneous job runs without (docs/ray.md)
         **({"RAY_AUTH_MODE": "disabled"} if job.heterogeneous else {}),
         **job.environment,
     }

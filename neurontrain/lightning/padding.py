@@ -1,7 +1,7 @@
 """Static shapes for Lightning batches: each batch padded on the host to the plan's bucket before it moves to the
 device, and `buckets="auto"` chosen from the train loader's batch lengths with the toolkit's cost model.
 
-The contract (README "Lightning users"): padding must be neutral under the user's loss. Tokens are padded with
+The contract (docs/lightning.md): padding must be neutral under the user's loss. Tokens are padded with
 the pad token id (0 unless given), attention masks with 0 (the model ignores the position), labels with -100
 (the ignore index of `torch.nn.functional.cross_entropy`), so a loss that averages over non-ignored labels is
 unchanged. A loss that averages over every position, or ignores no label, is not.
