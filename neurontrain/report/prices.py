@@ -20,12 +20,12 @@ class Price:
 
 
 _USAGE_AI = "usage.ai/blogs/aws/ai-ml-cost/trainium-vs-gpu-instances (updated 2026-06-25), quoting AWS on-demand"
-_AWS_TRN1 = "aws.amazon.com/ec2/instance-types/trn1 (on-demand column of the product page's table)"
+_AWS_TRN1 = "aws.amazon.com/ec2/instance-types/trn1 (on-demand column; not re-read from the build machine)"
 
 PRICES: dict[str, Price] = {
-    "trn1.2xlarge": Price(1.34375, 2, _AWS_TRN1, "2026-11-27"),
+    "trn1.2xlarge": Price(1.34375, 2, _AWS_TRN1, "unverified"),
     "trn1.32xlarge": Price(21.50, 32, _USAGE_AI, "2026-11-27"),
-    "trn1n.32xlarge": Price(24.78, 32, _AWS_TRN1, "2026-11-27"),
+    "trn1n.32xlarge": Price(24.78, 32, _AWS_TRN1, "unverified"),
     "p4d.24xlarge": Price(32.77, 8, _USAGE_AI, "2026-11-27"),
 }
 
