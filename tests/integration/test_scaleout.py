@@ -183,7 +183,9 @@ def test_two_bert_workers_match_one_worker(tmp_path, packing, request):
 
 
 # -- heterogeneous: the same runs with their batches made on a Ray data node ------------------------------------
-RAY = ["--launcher", "ray", "--local-cluster", "data=1,trainium=1", "--set", "data.service.kind=ray"]
+# The served runs join one loopback Ray cluster (`ray_cluster`) through RAY_ADDRESS: starting one per run cost
+# about half a minute each on 2 cores.
+RAY = ["--launcher", "ray", "--set", "data.service.kind=ray"]
 # Ray Train's own actors and their calls (the worker group, its controller and helpers); anything else on the
 # trainium node would be Ray Data's
 RAY_TRAIN = tuple(
@@ -194,13 +196,50 @@ RAY_TRAIN = tuple(
 )  # fmt: skip
 
 
+class SharedCluster:
+    """The module's loopback Ray cluster, and what had run on it before the latest served run (the runs'
+    placement.json counts every task and actor the cluster ever ran)."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.seen = address, {}
+
+    def env(self) -> dict[str, str]:
+        return {"RAY_ADDRESS": self.address}
+
+    def placement_of_the_latest_run(self, run: Path) -> dict[str, dict[str, int]]:
+        """The run's placement.json less what earlier runs had placed: {node role: {"kind name": count}}."""
+        total = read_json(run / "data_service" / "placement.json")
+        seen, self.seen = self.seen, total
+        return {
+            role: {name: n - seen.get(role, {}).get(name, 0) for name, n in counts.items()}
+            for role, counts in total.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One loopback Ray cluster for the served runs: a data node and a trainium node for 2 workers, started by
+    the code `run --local-cluster data=1,trainium=1` starts its cluster with (parsing and sizing of the flag are
+    unit-tested)."""
+    from neurontrain.launch.ray_cluster import _start_local
+    from neurontrain.recipe import DataServiceSpec
+
+    cluster = _start_local(DataServiceSpec(kind="ray"), {"data": 1, "trainium": 1}, world=2)
+    try:
+        yield SharedCluster(cluster.address)
+    finally:
+        cluster.shutdown()
+
+
 def _sets(args: list[str]) -> list[str]:
     return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
 
 
-def _assert_served_in_lockstep(run: Path, recipe: str, args: list[str], start: int, steps: int) -> list[int]:
+def _assert_served_in_lockstep(
+    run: Path, recipe: str, args: list[str], start: int, steps: int, cluster: SharedCluster
+) -> list[int]:
     """Both workers received the planned bucket at every position from `start`, every batch from the data
-    node, and no Ray Data task or actor ran on the trainium node. Returns the planned lengths."""
+    node, and no Ray Data task or actor of this run ran on the trainium node. Returns the planned lengths."""
     plan = make_plan(load_recipe(recipe, _sets(args)), "xla-cpu", world=2)
     planned = plan.batcher.used_lengths(steps - start, start)
     for rank in (0, 1):
@@ -208,7 +247,9 @@ def _assert_served_in_lockstep(run: Path, recipe: str, args: list[str], start: i
         assert [tuple(x) for x in record["received"]] == list(enumerate(planned, start=start))
         assert all(node.startswith("data@") for node in record["produced_on"]), record["produced_on"]
         assert sum(record["produced_on"].values()) == steps - start
-    placement = read_json(run / "data_service" / "placement.json")
+    placement = {
+        role: {k: n for k, n in ran.items() if n > 0} for role, ran in cluster.placement_of_the_latest_run(run).items()
+    }
     trainium = sorted(placement["trainium"])
     assert trainium and all(name.startswith(RAY_TRAIN) for name in trainium), trainium
     assert any("CollateWorkerRows" in name for name in placement["data"]), placement["data"]
@@ -223,25 +264,30 @@ def _assert_same_curve(served: Path, reference: Path, steps: int) -> None:
     assert worst <= 1e-6, f"the served run's loss differs from the torchrun run's by {worst:.2e} relative"
 
 
-def test_served_bert_trains_in_lockstep_like_torchrun_with_every_batch_from_the_data_node(bert_two_workers, tmp_path):
+def test_served_bert_trains_in_lockstep_like_torchrun_with_every_batch_from_the_data_node(
+    bert_two_workers, ray_cluster, tmp_path
+):
     served = tmp_path / "served"
     args = _two_workers("off")
-    result = run_cli("run", BERT, "-o", str(served), "--nproc-per-node", "2", *args, *RAY, timeout=600)
+    result = run_cli(
+        "run", BERT, "-o", str(served), "--nproc-per-node", "2", *args, *RAY, env=ray_cluster.env(), timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(served / "summary.json")
     assert summary["world_size"] == 2 and summary["restarts"] == 0
     assert summary["compilations"] == summary["expected_graphs"] and summary["unexpected_graphs"] == 0
     assert set(summary["buckets_used"]) <= {32, 64, 128}
-    planned = _assert_served_in_lockstep(served, BERT, args, 0, 12)
+    planned = _assert_served_in_lockstep(served, BERT, args, 0, 12, ray_cluster)
     assert len(set(planned)) > 1  # several buckets: lockstep is not trivially true
     _assert_same_curve(served, bert_two_workers, 12)
     assert summary["eval_accuracy"] == read_json(bert_two_workers / "summary.json")["eval_accuracy"]
 
 
-def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_two_workers, tmp_path):
+def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_two_workers, ray_cluster, tmp_path):
     served = tmp_path / "served"
     args = ["run", LLAMA, "-o", str(served), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS, *RAY]
-    code, stderr = run_killing_a_worker(args, served, 4, find_pid=lambda: (ray_train_worker_pids() or [None])[-1])
+    last_worker = lambda: (ray_train_worker_pids() or [None])[-1]  # noqa: E731
+    code, stderr = run_killing_a_worker(args, served, 4, find_pid=last_worker, env=ray_cluster.env())
     assert code == 0, stderr[-3000:]
     summary = read_json(served / "summary.json")
     assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
@@ -249,7 +295,7 @@ def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_tw
     preflight = read_metrics(served / "preflight.jsonl")
     assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
     # the restarted streams began at the checkpoint's data position (one micro-batch a step)
-    _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16)
+    _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16, ray_cluster)
     _assert_same_curve(served, llama_two_workers, 16)
 
 
