@@ -1,7 +1,8 @@
 """Data-parallel runs with real torchrun workers on XLA:CPU (gloo between them), elastic restart after a
 SIGKILL, bad combinations, a real Slurm (two nodes on this machine) running the generated sbatch script, and
-the same runs with their batches made on the data node of a loopback Ray cluster (`run --launcher ray
---local-cluster data=1,trainium=1`, data.service.kind ray) compared with them."""
+the same runs with their batches made on the data node of a loopback Ray cluster (`run --launcher ray`,
+data.service.kind ray) compared with them: one cluster, the one `--local-cluster data=1,trainium=1` starts, joined
+by both served runs through RAY_ADDRESS."""
 
 import json
 import resource
@@ -182,6 +183,116 @@ def test_two_bert_workers_match_one_worker(tmp_path, packing, request):
     assert s1["eval_accuracy"] == s2["eval_accuracy"]
 
 
+def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
+    out = tmp_path / "killed"
+    args = ["run", LLAMA, "-o", str(out), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS]
+    code, stderr = run_killing_a_worker(args, out, 4)
+    assert code == 0, stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
+    assert sorted(_losses(out)) == list(range(1, 17))  # steps after the checkpoint were logged again, once
+    preflight = read_metrics(out / "preflight.jsonl")
+    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
+    verify = run_cli("checkpoint", "verify", str(llama_two_workers / "model"), str(out / "model"), timeout=120)
+    assert verify.returncode == 0 and "EQUAL" in verify.stdout, verify.stdout + verify.stderr
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (
+            ["--nproc-per-node", "2", "--set", "train.global_batch_size=24"],
+            2,
+            "train.global_batch_size 24 is not divisible by data.batch_size 8 x 2 workers = 16",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid"],
+            2,
+            "cannot resolve the master address",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"],
+            1,
+            "rendezvous at 127.0.0.1:1",
+        ),
+    ],
+)
+def test_bad_combinations_exit_with_one_line(tmp_path, args, code, message):
+    t0 = time.time()
+    result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), *args, timeout=120)
+    assert result.returncode == code, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("neurontrain: error:") and message in last, last
+    assert "Traceback" not in result.stderr
+    assert time.time() - t0 < 90
+
+
+def test_failing_worker_preflight_exits_3_naming_the_rank(tmp_path):
+    result = run_cli(
+        "run",
+        LLAMA,
+        "-o",
+        str(tmp_path / "out"),
+        "--nproc-per-node",
+        "2",
+        "--set",
+        "runtime.expected_devices=4",
+        timeout=180,
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "preflight failed on xla-cpu, rank 0" in result.stderr and "device count" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_generated_sbatch_ran_on_a_real_slurm(llama_two_workers):
+    import slurm_cluster
+
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(why)
+    job = read_json(llama_two_workers.parent / "slurm-job.json")
+    assert job["state"] == "COMPLETED" and Path(job["script"]).name == "llama-dp.sbatch"
+    node0 = (Path(job["node_logs"]) / "node-0.log").read_text()
+    assert "2 workers x batch 8" in node0 and "preflight ok" in node0
+    assert (Path(job["node_logs"]) / "node-1.log").exists()  # a log per node
+    assert "41000" in job["reserved_ports"].split(",")  # the root-comm port left the ephemeral range
+    summary = read_json(llama_two_workers / "summary.json")
+    assert summary["world_size"] == 2 and summary["steps"] == 16
+    assert (llama_two_workers / "checkpoints" / "step_00000016" / "COMPLETE").exists()
+
+
+def test_workers_see_the_root_comm_address_of_rank_0s_host(llama_two_workers):
+    """Each worker's own record: rank 0 runs on the job's first host, and every worker's NEURON_RT_ROOT_COMM_ID
+    and MASTER_ADDR name that host's address, although sorting the addresses would put the other node first."""
+    import slurm_cluster
+
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(why)
+    records = [read_json(p) for p in (llama_two_workers.parent / "workers").glob("worker-*.json")]
+    assert sorted(int(r["RANK"]) for r in records) == [0, 1]
+    assert sorted(NODES.values())[0] != NODES["nodea"]  # the test's premise (string order, as c10d sorts)
+    rank0 = next(r for r in records if r["RANK"] == "0")
+    assert rank0["SLURMD_NODENAME"] == "nodea" and rank0["SLURM_NODEID"] == "0"
+    assert {r["SLURMD_NODENAME"] for r in records} == set(NODES)
+    for r in records:
+        assert r["NEURON_RT_ROOT_COMM_ID"] == f"{NODES[rank0['SLURMD_NODENAME']]}:41000", r
+        assert r["MASTER_ADDR"] == NODES[rank0["SLURMD_NODENAME"]], r
+        soft, hard = r["nofile"]
+        assert r["GROUP_RANK"] == r["SLURM_NODEID"] and soft >= min(65535, hard), r  # raised as far as allowed
+        assert r["NEURONTRAIN_CACHE_DIR"] == str(llama_two_workers.parent / "node-cache")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # -- heterogeneous: the same runs with their batches made on a Ray data node ------------------------------------
 # The served runs join one loopback Ray cluster (`ray_cluster`) through RAY_ADDRESS: starting one per run cost
 # about half a minute each on 2 cores.
@@ -297,113 +408,3 @@ def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_tw
     # the restarted streams began at the checkpoint's data position (one micro-batch a step)
     _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16, ray_cluster)
     _assert_same_curve(served, llama_two_workers, 16)
-
-
-def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
-    out = tmp_path / "killed"
-    args = ["run", LLAMA, "-o", str(out), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS]
-    code, stderr = run_killing_a_worker(args, out, 4)
-    assert code == 0, stderr[-3000:]
-    summary = read_json(out / "summary.json")
-    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
-    assert sorted(_losses(out)) == list(range(1, 17))  # steps after the checkpoint were logged again, once
-    preflight = read_metrics(out / "preflight.jsonl")
-    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
-    verify = run_cli("checkpoint", "verify", str(llama_two_workers / "model"), str(out / "model"), timeout=120)
-    assert verify.returncode == 0 and "EQUAL" in verify.stdout, verify.stdout + verify.stderr
-
-
-@pytest.mark.parametrize(
-    "args, code, message",
-    [
-        (
-            ["--nproc-per-node", "2", "--set", "train.global_batch_size=24"],
-            2,
-            "train.global_batch_size 24 is not divisible by data.batch_size 8 x 2 workers = 16",
-        ),
-        (
-            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "no-such-host.invalid"],
-            2,
-            "cannot resolve the master address",
-        ),
-        (
-            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"],
-            1,
-            "rendezvous at 127.0.0.1:1",
-        ),
-    ],
-)
-def test_bad_combinations_exit_with_one_line(tmp_path, args, code, message):
-    t0 = time.time()
-    result = run_cli("run", LLAMA, "-o", str(tmp_path / "out"), *args, timeout=120)
-    assert result.returncode == code, result.stderr[-2000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("neurontrain: error:") and message in last, last
-    assert "Traceback" not in result.stderr
-    assert time.time() - t0 < 90
-
-
-def test_failing_worker_preflight_exits_3_naming_the_rank(tmp_path):
-    result = run_cli(
-        "run",
-        LLAMA,
-        "-o",
-        str(tmp_path / "out"),
-        "--nproc-per-node",
-        "2",
-        "--set",
-        "runtime.expected_devices=4",
-        timeout=180,
-    )
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert "preflight failed on xla-cpu, rank 0" in result.stderr and "device count" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "out" / "summary.json").exists()
-
-
-def test_generated_sbatch_ran_on_a_real_slurm(llama_two_workers):
-    import slurm_cluster
-
-    why = slurm_cluster.available()
-    if why:
-        pytest.skip(why)
-    job = read_json(llama_two_workers.parent / "slurm-job.json")
-    assert job["state"] == "COMPLETED" and Path(job["script"]).name == "llama-dp.sbatch"
-    node0 = (Path(job["node_logs"]) / "node-0.log").read_text()
-    assert "2 workers x batch 8" in node0 and "preflight ok" in node0
-    assert (Path(job["node_logs"]) / "node-1.log").exists()  # a log per node
-    assert "41000" in job["reserved_ports"].split(",")  # the root-comm port left the ephemeral range
-    summary = read_json(llama_two_workers / "summary.json")
-    assert summary["world_size"] == 2 and summary["steps"] == 16
-    assert (llama_two_workers / "checkpoints" / "step_00000016" / "COMPLETE").exists()
-
-
-def test_workers_see_the_root_comm_address_of_rank_0s_host(llama_two_workers):
-    """Each worker's own record: rank 0 runs on the job's first host, and every worker's NEURON_RT_ROOT_COMM_ID
-    and MASTER_ADDR name that host's address, although sorting the addresses would put the other node first."""
-    import slurm_cluster
-
-    why = slurm_cluster.available()
-    if why:
-        pytest.skip(why)
-    records = [read_json(p) for p in (llama_two_workers.parent / "workers").glob("worker-*.json")]
-    assert sorted(int(r["RANK"]) for r in records) == [0, 1]
-    assert sorted(NODES.values())[0] != NODES["nodea"]  # the test's premise (string order, as c10d sorts)
-    rank0 = next(r for r in records if r["RANK"] == "0")
-    assert rank0["SLURMD_NODENAME"] == "nodea" and rank0["SLURM_NODEID"] == "0"
-    assert {r["SLURMD_NODENAME"] for r in records} == set(NODES)
-    for r in records:
-        assert r["NEURON_RT_ROOT_COMM_ID"] == f"{NODES[rank0['SLURMD_NODENAME']]}:41000", r
-        assert r["MASTER_ADDR"] == NODES[rank0["SLURMD_NODENAME"]], r
-        soft, hard = r["nofile"]
-        assert r["GROUP_RANK"] == r["SLURM_NODEID"] and soft >= min(65535, hard), r  # raised as far as allowed
-        assert r["NEURONTRAIN_CACHE_DIR"] == str(llama_two_workers.parent / "node-cache")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
