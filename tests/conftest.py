@@ -119,17 +119,18 @@ def run_killing_a_worker(
     rank: int = 1,
     marker: Path | None = None,
     find_pid: Callable[[], int | None] | None = None,
+    env: dict | None = None,
 ) -> tuple[int, str]:
-    """`neurontrain ARGS` (a torchrun group writing to output_dir); once its checkpoint of checkpoint_step is
-    complete (or the file `marker` exists), SIGKILL worker `rank` (or the process find_pid names). Returns
-    (exit code, stderr)."""
+    """`neurontrain ARGS` (a torchrun group writing to output_dir, `env` added to this environment); once its
+    checkpoint of checkpoint_step is complete (or the file `marker` exists), SIGKILL worker `rank` (or the
+    process find_pid names). Returns (exit code, stderr)."""
     import signal
     import time
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "neurontrain", *args],
         cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

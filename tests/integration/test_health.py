@@ -208,9 +208,15 @@ def _node_checks(out: dict) -> set[str]:
     return {r["check"] for r in out["node_device"]["results"]}
 
 
+# A lying worker is named as soon as every check has run; the deadline is not what these tests measure. The node's
+# device check (on native a cold inductor compile) can take longer than TIMEOUT on a loaded 2-core host, and a
+# check cut off by the deadline is named too: a deadline this long keeps the verdict about rank 1 alone.
+LYING_TIMEOUT = 240
+
+
 def _named_wrong_all_gather(tmp_path, env: dict, *extra: str) -> dict:
-    proc = _start(tmp_path, *extra, env=env)
-    _, stderr = proc.communicate(timeout=TIMEOUT + 60)
+    proc = _start(tmp_path, *extra, "--timeout", str(LYING_TIMEOUT), env=env)
+    _, stderr = proc.communicate(timeout=LYING_TIMEOUT + 60)
     assert proc.returncode == 3, stderr[-3000:]
     out = read_json(tmp_path / "out.json")
     assert [b["rank"] for b in out["bad_ranks"]] == [1]

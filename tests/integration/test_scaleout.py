@@ -1,7 +1,8 @@
 """Data-parallel runs with real torchrun workers on XLA:CPU (gloo between them), elastic restart after a
 SIGKILL, bad combinations, a real Slurm (two nodes on this machine) running the generated sbatch script, and
-the same runs with their batches made on the data node of a loopback Ray cluster (`run --launcher ray
---local-cluster data=1,trainium=1`, data.service.kind ray) compared with them."""
+the same runs with their batches made on the data node of a loopback Ray cluster (`run --launcher ray`,
+data.service.kind ray) compared with them: one cluster, the one `--local-cluster data=1,trainium=1` starts, joined
+by both served runs through RAY_ADDRESS."""
 
 import json
 import resource
@@ -182,77 +183,6 @@ def test_two_bert_workers_match_one_worker(tmp_path, packing, request):
     assert s1["eval_accuracy"] == s2["eval_accuracy"]
 
 
-# -- heterogeneous: the same runs with their batches made on a Ray data node ------------------------------------
-RAY = ["--launcher", "ray", "--local-cluster", "data=1,trainium=1", "--set", "data.service.kind=ray"]
-# Ray Train's own actors and their calls (the worker group, its controller and helpers); anything else on the
-# trainium node would be Ray Data's
-RAY_TRAIN = tuple(
-    f"{kind} {name}"
-    for kind in ("actor", "task")
-    for name in ("RayTrainWorker", "execute.", "PreemptionWatcher", "TrainController", "SynchronizationActor",
-                 "PlacementGroupCleaner")
-)  # fmt: skip
-
-
-def _sets(args: list[str]) -> list[str]:
-    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-
-
-def _assert_served_in_lockstep(run: Path, recipe: str, args: list[str], start: int, steps: int) -> list[int]:
-    """Both workers received the planned bucket at every position from `start`, every batch from the data
-    node, and no Ray Data task or actor ran on the trainium node. Returns the planned lengths."""
-    plan = make_plan(load_recipe(recipe, _sets(args)), "xla-cpu", world=2)
-    planned = plan.batcher.used_lengths(steps - start, start)
-    for rank in (0, 1):
-        record = read_json(run / "data_service" / f"rank_{rank}.json")
-        assert [tuple(x) for x in record["received"]] == list(enumerate(planned, start=start))
-        assert all(node.startswith("data@") for node in record["produced_on"]), record["produced_on"]
-        assert sum(record["produced_on"].values()) == steps - start
-    placement = read_json(run / "data_service" / "placement.json")
-    trainium = sorted(placement["trainium"])
-    assert trainium and all(name.startswith(RAY_TRAIN) for name in trainium), trainium
-    assert any("CollateWorkerRows" in name for name in placement["data"]), placement["data"]
-    assert any(name.startswith("task ReadRange") for name in placement["data"]), placement["data"]
-    return planned
-
-
-def _assert_same_curve(served: Path, reference: Path, steps: int) -> None:
-    a, b = _losses(served), _losses(reference)
-    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
-    worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
-    assert worst <= 1e-6, f"the served run's loss differs from the torchrun run's by {worst:.2e} relative"
-
-
-def test_served_bert_trains_in_lockstep_like_torchrun_with_every_batch_from_the_data_node(bert_two_workers, tmp_path):
-    served = tmp_path / "served"
-    args = _two_workers("off")
-    result = run_cli("run", BERT, "-o", str(served), "--nproc-per-node", "2", *args, *RAY, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = read_json(served / "summary.json")
-    assert summary["world_size"] == 2 and summary["restarts"] == 0
-    assert summary["compilations"] == summary["expected_graphs"] and summary["unexpected_graphs"] == 0
-    assert set(summary["buckets_used"]) <= {32, 64, 128}
-    planned = _assert_served_in_lockstep(served, BERT, args, 0, 12)
-    assert len(set(planned)) > 1  # several buckets: lockstep is not trivially true
-    _assert_same_curve(served, bert_two_workers, 12)
-    assert summary["eval_accuracy"] == read_json(bert_two_workers / "summary.json")["eval_accuracy"]
-
-
-def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_two_workers, tmp_path):
-    served = tmp_path / "served"
-    args = ["run", LLAMA, "-o", str(served), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS, *RAY]
-    code, stderr = run_killing_a_worker(args, served, 4, find_pid=lambda: (ray_train_worker_pids() or [None])[-1])
-    assert code == 0, stderr[-3000:]
-    summary = read_json(served / "summary.json")
-    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
-    assert summary["unexpected_graphs"] == 0 and summary["compilations"] <= summary["expected_graphs"]
-    preflight = read_metrics(served / "preflight.jsonl")
-    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
-    # the restarted streams began at the checkpoint's data position (one micro-batch a step)
-    _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16)
-    _assert_same_curve(served, llama_two_workers, 16)
-
-
 def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
     out = tmp_path / "killed"
     args = ["run", LLAMA, "-o", str(out), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS]
@@ -361,3 +291,120 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- heterogeneous: the same runs with their batches made on a Ray data node ------------------------------------
+# The served runs join one loopback Ray cluster (`ray_cluster`) through RAY_ADDRESS: starting one per run cost
+# about half a minute each on 2 cores.
+RAY = ["--launcher", "ray", "--set", "data.service.kind=ray"]
+# Ray Train's own actors and their calls (the worker group, its controller and helpers); anything else on the
+# trainium node would be Ray Data's
+RAY_TRAIN = tuple(
+    f"{kind} {name}"
+    for kind in ("actor", "task")
+    for name in ("RayTrainWorker", "execute.", "PreemptionWatcher", "TrainController", "SynchronizationActor",
+                 "PlacementGroupCleaner")
+)  # fmt: skip
+
+
+class SharedCluster:
+    """The module's loopback Ray cluster, and what had run on it before the latest served run (the runs'
+    placement.json counts every task and actor the cluster ever ran)."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.seen = address, {}
+
+    def env(self) -> dict[str, str]:
+        return {"RAY_ADDRESS": self.address}
+
+    def placement_of_the_latest_run(self, run: Path) -> dict[str, dict[str, int]]:
+        """The run's placement.json less what earlier runs had placed: {node role: {"kind name": count}}."""
+        total = read_json(run / "data_service" / "placement.json")
+        seen, self.seen = self.seen, total
+        return {
+            role: {name: n - seen.get(role, {}).get(name, 0) for name, n in counts.items()}
+            for role, counts in total.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One loopback Ray cluster for the served runs: a data node and a trainium node for 2 workers, started by
+    the code `run --local-cluster data=1,trainium=1` starts its cluster with (parsing and sizing of the flag are
+    unit-tested)."""
+    from neurontrain.launch.ray_cluster import _start_local
+    from neurontrain.recipe import DataServiceSpec
+
+    cluster = _start_local(DataServiceSpec(kind="ray"), {"data": 1, "trainium": 1}, world=2)
+    try:
+        yield SharedCluster(cluster.address)
+    finally:
+        cluster.shutdown()
+
+
+def _sets(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+
+def _assert_served_in_lockstep(
+    run: Path, recipe: str, args: list[str], start: int, steps: int, cluster: SharedCluster
+) -> list[int]:
+    """Both workers received the planned bucket at every position from `start`, every batch from the data
+    node, and no Ray Data task or actor of this run ran on the trainium node. Returns the planned lengths."""
+    plan = make_plan(load_recipe(recipe, _sets(args)), "xla-cpu", world=2)
+    planned = plan.batcher.used_lengths(steps - start, start)
+    for rank in (0, 1):
+        record = read_json(run / "data_service" / f"rank_{rank}.json")
+        assert [tuple(x) for x in record["received"]] == list(enumerate(planned, start=start))
+        assert all(node.startswith("data@") for node in record["produced_on"]), record["produced_on"]
+        assert sum(record["produced_on"].values()) == steps - start
+    placement = {
+        role: {k: n for k, n in ran.items() if n > 0} for role, ran in cluster.placement_of_the_latest_run(run).items()
+    }
+    trainium = sorted(placement["trainium"])
+    assert trainium and all(name.startswith(RAY_TRAIN) for name in trainium), trainium
+    assert any("CollateWorkerRows" in name for name in placement["data"]), placement["data"]
+    assert any(name.startswith("task ReadRange") for name in placement["data"]), placement["data"]
+    return planned
+
+
+def _assert_same_curve(served: Path, reference: Path, steps: int) -> None:
+    a, b = _losses(served), _losses(reference)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in b)
+    assert worst <= 1e-6, f"the served run's loss differs from the torchrun run's by {worst:.2e} relative"
+
+
+def test_served_bert_trains_in_lockstep_like_torchrun_with_every_batch_from_the_data_node(
+    bert_two_workers, ray_cluster, tmp_path
+):
+    served = tmp_path / "served"
+    args = _two_workers("off")
+    result = run_cli(
+        "run", BERT, "-o", str(served), "--nproc-per-node", "2", *args, *RAY, env=ray_cluster.env(), timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(served / "summary.json")
+    assert summary["world_size"] == 2 and summary["restarts"] == 0
+    assert summary["compilations"] == summary["expected_graphs"] and summary["unexpected_graphs"] == 0
+    assert set(summary["buckets_used"]) <= {32, 64, 128}
+    planned = _assert_served_in_lockstep(served, BERT, args, 0, 12, ray_cluster)
+    assert len(set(planned)) > 1  # several buckets: lockstep is not trivially true
+    _assert_same_curve(served, bert_two_workers, 12)
+    assert summary["eval_accuracy"] == read_json(bert_two_workers / "summary.json")["eval_accuracy"]
+
+
+def test_served_llama_worker_killed_resumes_at_the_checkpoints_position(llama_two_workers, ray_cluster, tmp_path):
+    served = tmp_path / "served"
+    args = ["run", LLAMA, "-o", str(served), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS, *RAY]
+    last_worker = lambda: (ray_train_worker_pids() or [None])[-1]  # noqa: E731
+    code, stderr = run_killing_a_worker(args, served, 4, find_pid=last_worker, env=ray_cluster.env())
+    assert code == 0, stderr[-3000:]
+    summary = read_json(served / "summary.json")
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] in (4, 8, 12)
+    assert summary["unexpected_graphs"] == 0 and summary["compilations"] <= summary["expected_graphs"]
+    preflight = read_metrics(served / "preflight.jsonl")
+    assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
+    # the restarted streams began at the checkpoint's data position (one micro-batch a step)
+    _assert_served_in_lockstep(served, LLAMA, LLAMA_ARGS, summary["resumed_from_step"], 16, ray_cluster)
+    _assert_same_curve(served, llama_two_workers, 16)
