@@ -157,7 +157,7 @@ class OptimumNeuronReader:
         xser = any(is_xser(p) for p in self.files.values())
         self.description = f"optimum-neuron tp {self.tp} pp {self.pp} {shards.parent}"
         self.layout = "optimum-neuron"
-        self.writer = "optimum-neuron save_pretrained / NeuronTrainer (NxD save_checkpoint, tag shards" + (
+        self.writer = "optimum-neuron's save_pretrained layout (NxD save_checkpoint, tag shards" + (
             ", xser)" if xser else ")"
         )
 

@@ -41,7 +41,9 @@ def _model(source: TensorSource) -> dict:
     if isinstance(source, NxdReader):
         return {"prefix": "", "model_tensors": len(source.keys()), "sharding": source.spec.to_json() | {"names": None}}
     if isinstance(source, OptimumNeuronReader):
-        return {"prefix": "", "model_tensors": len(source.keys()), "sharding": {"tp": source.tp, "pp": source.pp}}
+        model = architecture(source.config) if source.config else "from mp_metadata_pp_rank_*.json"
+        sharding = {"tp": source.tp, "pp": source.pp}
+        return {"architecture": model, "prefix": "", "model_tensors": len(source.keys()), "sharding": sharding}
     if source.config is None:
         firsts = Counter(k.split(".", 1)[0] for k in source.keys())
         return {
