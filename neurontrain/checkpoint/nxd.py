@@ -60,7 +60,10 @@ def shards_directory(path: Path) -> Path | None:
 
 
 def is_nxd_checkpoint(path: Path) -> bool:
-    return shards_directory(path) is not None
+    """NxD rank files with neurontrain's spec or none; not optimum-neuron's (its metadata beside them:
+    optimum_neuron.py reads those)."""
+    found = shards_directory(path)
+    return found is not None and not any(found.glob("mp_metadata_pp_rank_*"))
 
 
 def rank_tensors(

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import cli_in_process
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
@@ -150,3 +151,18 @@ def test_a_rank_file_lacking_a_listed_tensor_is_refused_naming_it(tmp_path, caps
     save_xser(kept, rank)
     code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(shards), str(tmp_path / "back"), "--to", "gpu")
     assert code == 2 and "lacks model.layers.0.mlp.down_proj.weight" in err and err.count("\n") == 1
+
+
+def test_run_init_from_takes_a_directory_optimum_neuron_laid_out(migrated):
+    import transformers
+
+    from neurontrain.checkpoint.initial import load_initial_weights
+
+    src, _ = migrated("llama-small-tp4")
+    config = transformers.AutoConfig.from_pretrained(src)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    source = load_initial_weights(model, FIXTURES / "xser_llama_tp4")
+    expected = make_fixtures.seeded_tensors(CASES["llama-small-tp4"]["shapes"])
+    state = model.state_dict()
+    assert "optimum-neuron" in source.description
+    assert all(torch.equal(state[n], expected[n]) for n in expected)
