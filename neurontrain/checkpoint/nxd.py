@@ -54,6 +54,13 @@ def newest_tag(path: Path) -> Path | None:
     return max(tags, key=lambda d: ((d / "done").stat().st_mtime, d.name)) if tags else None
 
 
+def incomplete_tags(path: Path) -> list[str]:
+    """NxD tag directories under `path` marked `checkpoint` but without `done` (a save that did not finish)."""
+    if not path.is_dir():
+        return []
+    return sorted(d.name for d in path.iterdir() if (d / "checkpoint").is_file() and not (d / "done").is_file())
+
+
 def shards_directory(path: Path) -> Path | None:
     """The directory holding model/ of an NxD checkpoint at `path` (itself or its newest complete tag), or None."""
     return path if _holds_shards(path) else newest_tag(path)

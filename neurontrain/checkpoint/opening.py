@@ -8,7 +8,7 @@ from pathlib import Path
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
 from neurontrain.checkpoint.matching import MappedSource
-from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
+from neurontrain.checkpoint.nxd import NxdReader, incomplete_tags, is_nxd_checkpoint
 from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader, shards_of
 from neurontrain.errors import UsageError
 from neurontrain.loop.checkpoints import latest_checkpoint
@@ -30,6 +30,9 @@ def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
         return OptimumNeuronReader(shards)
     if is_nxd_checkpoint(path):
         return NxdReader(path)
+    unfinished = incomplete_tags(path)
+    if unfinished:
+        raise UsageError(f"{path}: NxD checkpoint tag {unfinished[-1]} has no `done` marker (its save did not finish)")
     if path.is_dir() and (path / "state.pt").is_file():  # a toolkit training checkpoint
         source = open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
     elif path.is_dir() and (path / "checkpoints").is_dir():  # a run's output directory: its newest checkpoint

@@ -63,3 +63,11 @@ def test_layout_flags_bad_input_is_one_line_and_exit_2(tmp_path, capsys, source,
     code, _, err = cli_in_process(capsys, "checkpoint", "migrate", str(source), str(tmp_path / "out"), *flags)
     assert code == 2 and words in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tag_whose_save_did_not_finish_is_refused_naming_it(tmp_path, capsys, source):
+    dst = tmp_path / "ckpt"
+    migrate(source, dst, MigrateOptions(to="neuron", tp=2, layout="nxd"))
+    (dst / "migrated" / "done").unlink()
+    code, _, err = cli_in_process(capsys, "checkpoint", "inspect", str(dst))
+    assert code == 2 and "tag migrated has no `done` marker" in err and err.count("\n") == 1, err
