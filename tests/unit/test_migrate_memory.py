@@ -25,7 +25,6 @@ import neurontrain.checkpoint.formats as formats
 import neurontrain.checkpoint.mapped as mapped
 import neurontrain.checkpoint.migrate as migrate_module
 import neurontrain.checkpoint.nxd as nxd_module
-import neurontrain.checkpoint.xser as xser_module
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 
 TP = 8
@@ -183,16 +182,14 @@ def test_to_neuron_reads_only_each_ranks_slices_and_holds_one_rank_file(hf_dir, 
         assert resident <= largest, resident
 
 
-@pytest.mark.parametrize("layout", ["neurontrain", "optimum-neuron"])  # optimum-neuron: xser, a file per tensor
-def test_to_gpu_holds_one_tensor_and_a_bounded_window_of_rank_files(hf_dir, tmp_path, monkeypatch, layout):
+def test_to_gpu_holds_one_tensor_and_a_bounded_window_of_rank_files(hf_dir, tmp_path, monkeypatch):
     nxd = tmp_path / "nxd"
-    migrate(hf_dir, nxd, MigrateOptions(to="neuron", tp=TP, layout=layout))
+    migrate(hf_dir, nxd, MigrateOptions(to="neuron", tp=TP))
     budget = 2 << 20
     monkeypatch.setattr(mapped, "READ_BUDGET_BYTES", budget)
     loads = []
     real_load = nxd_module.load_torch_file
     monkeypatch.setattr(nxd_module, "load_torch_file", lambda path: (loads.append(path), real_load(path))[1])
-    monkeypatch.setattr(xser_module, "load_torch_file", lambda path: (loads.append(path), real_load(path))[1])
     watch = Watch(nxd)
     real_write = migrate_module.write_safetensors
     files = []

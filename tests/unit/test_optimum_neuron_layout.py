@@ -166,3 +166,22 @@ def test_run_init_from_takes_a_directory_optimum_neuron_laid_out(migrated):
     state = model.state_dict()
     assert "optimum-neuron" in source.description
     assert all(torch.equal(state[n], expected[n]) for n in expected)
+
+
+def test_xser_shards_are_read_a_tensor_at_a_time(monkeypatch):
+    """A tensor of an xser checkpoint reads only its own tensor files, one per rank, memory-mapped; past the read
+    budget the files are let go (mapped.py), as for plain rank files: the memory bound of `--to gpu` holds."""
+    import neurontrain.checkpoint.xser as xser_module
+    from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
+
+    loads = []
+    real_load = xser_module.load_torch_file
+    monkeypatch.setattr(xser_module, "load_torch_file", lambda path: (loads.append(path), real_load(path))[1])
+    reader = OptimumNeuronReader(FIXTURES / "xser_llama_tp4" / "shards")
+    assert loads == []
+    shape, _ = reader.meta("model.layers.1.mlp.up_proj.weight")  # meta reads the pieces' shapes, mapped
+    reader.get("model.layers.1.mlp.up_proj.weight")
+    assert len(loads) == 4 and len({p.parent.name for p in loads}) == 4  # the fused gate_up piece of each rank
+    assert shape == (64, 32)
+    reader.get("model.layers.1.self_attn.k_proj.weight")
+    assert len(loads) == 8 and all(p.name.startswith("tensor_") for p in loads)
