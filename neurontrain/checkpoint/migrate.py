@@ -11,7 +11,6 @@ records both sizes.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import sys
@@ -24,20 +23,17 @@ from tqdm import tqdm
 
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
-from neurontrain.checkpoint.mapped import PiecewiseWriter
+from neurontrain.checkpoint.mapped import save_and_free
 from neurontrain.checkpoint.matching import MappedSource, check_loads
-from neurontrain.checkpoint.nxd import (
-    SPEC_FILE,
-    NxdReader,
-    rank_tensors,
-    stage_names,
-)
+from neurontrain.checkpoint.nxd import NxdReader, rank_tensors, stage_names
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
+from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.checkpoint.safetensors_writer import write_safetensors
 from neurontrain.checkpoint.staging import staged_destination
+from neurontrain.checkpoint.trainer_dirs import LAYOUTS, ShardWriter
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.parallel.nxd_layout import fuse_moments, rank_file
+from neurontrain.parallel.nxd_layout import fuse_moments
 from neurontrain.parallel.rules import ShardingSpec, shard, spec_from_config
 
 log = get_logger(__name__)
@@ -59,10 +55,28 @@ class MigrateOptions:
     config: Path | None = None
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     pad_vocab_multiple: int | None = None  # --to neuron: pad the vocabulary to a multiple of this and of TP
+    layout: str = "neurontrain"  # --to neuron: whose directory layout and names (trainer_dirs.py)
+    tag: str | None = None  # --layout nxd: the checkpoint tag directory
+    xser: bool | None = None  # --layout nxd|optimum-neuron: torch-xla serialization (None: the trainer's default)
 
     def __post_init__(self) -> None:
         if self.to not in ("neuron", "gpu"):
             raise UsageError("--to must be neuron or gpu")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}")
+        if self.to == "gpu" and (self.layout != "neurontrain" or self.tag is not None or self.xser is not None):
+            raise UsageError("--layout, --tag and --xser apply to --to neuron (--to gpu reads every layout)")
+        if self.tag is not None and self.layout != "nxd":
+            raise UsageError("--tag applies to --layout nxd (optimum-neuron's tag is always 'shards')")
+        if self.tag is not None and (not self.tag or "/" in self.tag or self.tag.startswith(".")):
+            raise UsageError(f"--tag {self.tag!r}: a directory name (no '/', not starting with '.')")
+        if self.xser and self.layout == "neurontrain":
+            raise UsageError("--xser applies to --layout nxd or optimum-neuron (`run` loads plain torch files)")
+        if self.with_optimizer and self.layout != "neurontrain":
+            raise UsageError(
+                f"--with-optimizer: --layout {self.layout}'s optim/ files are the trainer's optimizer state dict, "
+                "keyed by its parameter order; they are not written (the weights are)"
+            )
         for flag, value in (("--tp", self.tp), ("--pp", self.pp)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1")
@@ -74,16 +88,6 @@ class MigrateOptions:
             raise UsageError("--pad-vocab-to-multiple-of must be at least 1")
         if self.pad_vocab_multiple is not None and self.to != "neuron":
             raise UsageError("--pad-vocab-to-multiple-of applies to --to neuron (--to gpu strips the padding)")
-
-
-def save_and_free(obj: dict, path: Path) -> None:
-    """torch.save, then a garbage collection: torch.save's pickler closes a reference cycle over every storage it
-    wrote, so without one each written file's tensors stay in memory until the collector happens to run (eight rank
-    files of 166 MB each were all still held when the last was written)."""
-    with open(path, "wb") as file:
-        torch.save(obj, PiecewiseWriter(file))
-    del obj
-    gc.collect(1)
 
 
 def _cast(dtype: str | None):
@@ -108,33 +112,30 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     if opts.with_optimizer and optimizer is None:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
     cast = _cast(opts.dtype)
-    files = 0
     with staged_destination(dest, opts.overwrite) as out:
-        (out / "model").mkdir()
-        if optimizer is not None:
-            (out / "optim").mkdir()
+        writer = ShardWriter(out, spec, source, opts.layout, opts.tag, opts.xser)
         with _progress(spec.tp * spec.pp * (2 if optimizer else 1), "migrate") as bar:
             for pp in range(spec.pp):
                 stage = stage_names(spec, pp)
                 for tp in range(spec.tp):
-                    save_and_free(rank_tensors(spec, source, stage, tp, cast), out / "model" / rank_file(tp, pp))
-                    files += 1
+                    writer.write_rank(rank_tensors(spec, source, stage, tp, cast, writer.naming), tp, pp)
                     bar.update(1)
                     if optimizer is not None:
-                        save_and_free(_optimizer_shard(spec, optimizer, stage, tp), out / "optim" / rank_file(tp, pp))
-                        files += 1
+                        save_and_free(_optimizer_shard(spec, optimizer, stage, tp), writer.optim_file(tp, pp))
+                        writer.files += 1
                         bar.update(1)
-        (out / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1))
-        if source.config is not None:
-            (out / "config.json").write_text(json.dumps(source.config, indent=2))
-        reader = NxdReader(out)
+        writer.finish(source.config)
+        reader = writer.reader()
         check_loads(source.config, {n: reader.meta(n)[0] for n in reader.keys()}, f"the output for {dest}")
-        (out / "done").touch()
+        writer.mark_done()
     return {
         "to": "neuron",
+        "layout": opts.layout,
         "tp": spec.tp,
         "pp": spec.pp,
-        "files": files,
+        "files": writer.files,
+        "xser": writer.xser,
+        "shards": str(dest / writer.relative),
         "tensors": len(names),
         "optimizer": optimizer is not None,
         "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
@@ -206,11 +207,14 @@ def _write_safetensors(source: TensorSource, names: list[str], dtype: str | None
 def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
     """Hugging Face safetensors (sharded with an index above max_shard_bytes), config.json, and with
     --with-optimizer an optimizer.pt whose param_groups carry the parameter names."""
-    if isinstance(source, NxdReader):
-        if opts.tp is not None and opts.tp != source.spec.tp:
-            raise UsageError(f"--tp {opts.tp} does not match the checkpoint, which is sharded tp {source.spec.tp}")
-        if opts.pp is not None and opts.pp != source.spec.pp:
-            raise UsageError(f"--pp {opts.pp} does not match the checkpoint, which is sharded pp {source.spec.pp}")
+    sharded = (source.spec.tp, source.spec.pp) if isinstance(source, NxdReader) else None
+    if isinstance(source, OptimumNeuronReader):
+        sharded = source.tp, source.pp
+    if sharded is not None:
+        if opts.tp is not None and opts.tp != sharded[0]:
+            raise UsageError(f"--tp {opts.tp} does not match the checkpoint, which is sharded tp {sharded[0]}")
+        if opts.pp is not None and opts.pp != sharded[1]:
+            raise UsageError(f"--pp {opts.pp} does not match the checkpoint, which is sharded pp {sharded[1]}")
     optimizer = source.optimizer_state() if opts.with_optimizer else None
     if opts.with_optimizer and optimizer is None:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")

@@ -9,7 +9,10 @@ as full tensors.
                                                     (vocab_size and padded_vocab_size: the rows of vocab-split
                                                     shards beyond vocab_size are padding)
   <dir>/config.json                                 the Hugging Face config, when known
-  <dir>/done                                        written last
+  <dir>/done                                        written last ("1", as NxD writes it)
+
+NxD's own `save_checkpoint(dir, tag)` puts these under a tag directory, <dir>/<tag>/, beside a `checkpoint` file;
+pointed at <dir>, the newest tag holding `done` is read, as NxD's `load_checkpoint(dir)` picks it.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import torch
 
 from neurontrain.checkpoint.formats import TensorSource, load_torch_file, read_piece
 from neurontrain.checkpoint.mapped import MappedFiles, narrowed, nbytes
+from neurontrain.checkpoint.xser import XserFile, is_xser
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.parallel.nxd_layout import MOMENTS, SPEC_FILE, fuse_rank, fused_groups, unfuse_moments
-from neurontrain.parallel.rules import ShardingSpec, merge, piece_of, rule_for, split_fused, stage_of
+from neurontrain.parallel.nxd_layout import MOMENTS, SPEC_FILE, Naming, fuse_rank, fused_groups, unfuse_moments
+from neurontrain.parallel.rules import ShardingSpec, merge, neuron_name, piece_of, rule_for, split_fused, stage_of
 
 log = get_logger(__name__)
 
@@ -34,11 +38,39 @@ _FILE = re.compile(r"dp_rank_(\d+)_tp_rank_(\d+)_pp_rank_(\d+)\.pt$")
 _OLD_DIR = re.compile(r"tp_rank_(\d+)_pp_rank_(\d+)$")
 
 
-def is_nxd_checkpoint(path: Path) -> bool:
+def _holds_shards(path: Path) -> bool:
     return path.is_dir() and (
         any((path / "model").glob("dp_rank_*_tp_rank_*_pp_rank_*.pt"))
         or any(p.is_dir() and _OLD_DIR.match(p.name) for p in path.iterdir())
     )
+
+
+def newest_tag(path: Path) -> Path | None:
+    """The newest complete NxD tag directory under `path` (a subdirectory holding `done`, by the time it was
+    written, as NxD's `list_completed_checkpoint_tags` orders them), or None."""
+    if not path.is_dir():
+        return None
+    tags = [d for d in path.iterdir() if (d / "done").is_file() and _holds_shards(d)]
+    return max(tags, key=lambda d: ((d / "done").stat().st_mtime, d.name)) if tags else None
+
+
+def incomplete_tags(path: Path) -> list[str]:
+    """NxD tag directories under `path` marked `checkpoint` but without `done` (a save that did not finish)."""
+    if not path.is_dir():
+        return []
+    return sorted(d.name for d in path.iterdir() if (d / "checkpoint").is_file() and not (d / "done").is_file())
+
+
+def shards_directory(path: Path) -> Path | None:
+    """The directory holding model/ of an NxD checkpoint at `path` (itself or its newest complete tag), or None."""
+    return path if _holds_shards(path) else newest_tag(path)
+
+
+def is_nxd_checkpoint(path: Path) -> bool:
+    """NxD rank files with neurontrain's spec or none; not optimum-neuron's (its metadata beside them:
+    optimum_neuron.py reads those)."""
+    found = shards_directory(path)
+    return found is not None and not any(found.glob("mp_metadata_pp_rank_*"))
 
 
 def rank_tensors(
@@ -47,13 +79,14 @@ def rank_tensors(
     names: list[str],
     tp: int,
     cast: Callable[[torch.Tensor], torch.Tensor],
+    naming: Naming = neuron_name,
 ) -> dict[str, torch.Tensor]:
     """One rank's {neuron name: shard} for the given HF names (all on this rank's stage), each read by slice."""
 
     def piece(name: str, rule: str) -> torch.Tensor:
         return cast(read_piece(source, name, piece_of(spec, rule, source.meta(name)[0], tp)))
 
-    return fuse_rank(spec, names, piece)
+    return fuse_rank(spec, names, piece, naming)
 
 
 def stage_names(spec: ShardingSpec, pp: int) -> list[str]:
@@ -64,6 +97,7 @@ class NxdReader:
     """Full tensors under HF names from a per-rank checkpoint; one stage's files are open at a time."""
 
     def __init__(self, directory: Path, spec: ShardingSpec | None = None) -> None:
+        directory = shards_directory(directory) or directory
         self.directory = directory
         spec_path = directory / SPEC_FILE
         if spec is None:
@@ -85,9 +119,7 @@ class NxdReader:
                 f"{directory}: {len(self.files)} shard files for tp {found_tp} x pp {found_pp}, but the "
                 f"spec says tp {spec.tp} x pp {spec.pp}"
             )
-        self._mapped = MappedFiles(_load_rank_file)
-        if any(_is_xser(p) for p in self.files.values()):
-            log.info("%s holds xser shards, which cannot be memory-mapped: each rank file is loaded whole", directory)
+        self._mapped = MappedFiles(load_rank_file)
         config = directory / "config.json"
         self.config = json.loads(config.read_text()) if config.is_file() else None
         self.description = f"NxD tp {spec.tp} pp {spec.pp} {directory}"
@@ -115,7 +147,7 @@ class NxdReader:
 
     def rank_file_tensors(self, tp: int, pp: int) -> dict[str, torch.Tensor]:
         """One rank file's {neuron name: tensor}, as written (no merging)."""
-        return _load_rank_file(self.files[(tp, pp)])
+        return load_rank_file(self.files[(tp, pp)])
 
     def _pieces(self, name: str) -> list[torch.Tensor]:
         stage, rule, target = stage_of(self.spec, name), rule_for(self.spec, name), self._target[name]
@@ -159,7 +191,7 @@ class NxdReader:
             for tp in range(spec.tp):
                 path = optim / self.files[(tp, stage)].name
                 try:
-                    rank = unfuse_moments(spec, names, _load_rank_file(path))
+                    rank = unfuse_moments(spec, names, load_rank_file(path))
                 except KeyError as exc:
                     raise UsageError(f"{path} lacks the optimizer state of {exc.args[0]}") from None
                 for name in names:
@@ -172,22 +204,11 @@ class NxdReader:
         return out
 
 
-def _is_xser(path: Path) -> bool:
-    return (path.parent / (path.name + ".tensors")).is_dir()
-
-
-def _load_rank_file(path: Path) -> dict:
-    if _is_xser(path):
-        import torch_xla.utils.serialization as xser  # lazy: torch_xla only for xser-format shards
-
-        try:
-            data = xser.load(str(path))
-        except Exception as exc:
-            raise UsageError(f"{path} is not a readable xser checkpoint ({type(exc).__name__})") from None
-    else:
-        data = load_torch_file(path)
+def load_rank_file(path: Path) -> dict:
+    """A rank file's {name: tensor}: memory-mapped, or in xser form each tensor loaded when first asked for."""
+    data = XserFile(path) if is_xser(path) else load_torch_file(path)
     if isinstance(data, dict) and isinstance(data.get("model"), dict):
         data = data["model"]
-    if not isinstance(data, dict):
+    if not hasattr(data, "keys"):
         raise UsageError(f"{path} does not hold a mapping of tensor names")
     return data

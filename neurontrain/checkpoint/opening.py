@@ -1,5 +1,5 @@
-"""Opening any supported checkpoint: the toolkit's own and NxD shards (names known), and every GPU layout
-(layouts.py), whose names are matched against the model of the config (matching.py)."""
+"""Opening any supported checkpoint: the toolkit's own, NxD's and optimum-neuron's shards (names known), and every
+GPU layout (layouts.py), whose names are matched against the model of the config (matching.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
 from neurontrain.checkpoint.matching import MappedSource
-from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
+from neurontrain.checkpoint.nxd import NxdReader, incomplete_tags, is_nxd_checkpoint
+from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader, shards_of
 from neurontrain.errors import UsageError
 from neurontrain.loop.checkpoints import latest_checkpoint
 
@@ -24,8 +25,14 @@ def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
     """Any supported checkpoint, as tensors under the names found in it (NxD shards: Hugging Face names)."""
     if not path.exists():
         raise UsageError(f"{path} does not exist")
+    shards = shards_of(path) if path.is_dir() else None
+    if shards is not None:
+        return OptimumNeuronReader(shards)
     if is_nxd_checkpoint(path):
         return NxdReader(path)
+    unfinished = incomplete_tags(path)
+    if unfinished:
+        raise UsageError(f"{path}: NxD checkpoint tag {unfinished[-1]} has no `done` marker (its save did not finish)")
     if path.is_dir() and (path / "state.pt").is_file():  # a toolkit training checkpoint
         source = open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
     elif path.is_dir() and (path / "checkpoints").is_dir():  # a run's output directory: its newest checkpoint
@@ -44,7 +51,7 @@ def open_model_checkpoint(path: Path, config: Path | None = None, required: bool
     mapping of its names that covers the model of its config. Without a config: a UsageError when required,
     else the names found."""
     source = open_checkpoint(path, config)
-    if isinstance(source, NxdReader):
+    if isinstance(source, (NxdReader, OptimumNeuronReader)):
         return source
     if source.config is None:
         if not required:

@@ -13,13 +13,14 @@ from neurontrain.checkpoint.formats import DCPSource, TensorSource
 from neurontrain.checkpoint.matching import MappedSource, architecture
 from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.opening import open_checkpoint
+from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.errors import UsageError, first_line
 
 
 def has_optimizer(source: TensorSource) -> bool:
     if isinstance(source, DCPSource):
         return bool(source.optimizer_keys)
-    if isinstance(source, NxdReader):
+    if isinstance(source, (NxdReader, OptimumNeuronReader)):
         return (source.directory / "optim").is_dir()
     if isinstance(source, ZeroSource):
         return bool(source.optimizer_files)
@@ -39,6 +40,10 @@ def _tensors(source: TensorSource) -> dict:
 def _model(source: TensorSource) -> dict:
     if isinstance(source, NxdReader):
         return {"prefix": "", "model_tensors": len(source.keys()), "sharding": source.spec.to_json() | {"names": None}}
+    if isinstance(source, OptimumNeuronReader):
+        model = architecture(source.config) if source.config else "from mp_metadata_pp_rank_*.json"
+        sharding = {"tp": source.tp, "pp": source.pp}
+        return {"architecture": model, "prefix": "", "model_tensors": len(source.keys()), "sharding": sharding}
     if source.config is None:
         firsts = Counter(k.split(".", 1)[0] for k in source.keys())
         return {

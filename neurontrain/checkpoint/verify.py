@@ -13,6 +13,7 @@ from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.matching import MappedSource, model_from_config
 from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.opening import open_checkpoint
+from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.errors import UsageError
 from neurontrain.loop.planning import make_plan
 from neurontrain.recipe import load_recipe
@@ -109,7 +110,8 @@ def open_pair(
     shared = config_for_logits(logits, a, b) if logits else a.config or b.config
     if shared is None:
         return a, b, None
-    mapped = [s if isinstance(s, NxdReader) else MappedSource(s, s.config or shared) for s in (a, b)]
+    named = (NxdReader, OptimumNeuronReader)  # Hugging Face names already
+    mapped = [s if isinstance(s, named) else MappedSource(s, s.config or shared) for s in (a, b)]
     return mapped[0], mapped[1], shared
 
 

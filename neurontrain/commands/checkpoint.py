@@ -17,7 +17,9 @@ from neurontrain.errors import UsageError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="checkpoint_command", parser_class=type(parser))
-    mig = sub.add_parser("migrate", help="convert SRC to DST (HF/torch/FSDP/DCP <-> NxD per-rank shards)")
+    mig = sub.add_parser(
+        "migrate", help="convert SRC to DST (HF/torch/FSDP/DCP <-> NxD / optimum-neuron per-rank shards)"
+    )
     mig.add_argument("src")
     mig.add_argument("dst")
     mig.add_argument("--to", required=True, choices=["neuron", "gpu"])
@@ -26,6 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mig.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], help="cast floating-point tensors")
     mig.add_argument("--fuse-qkv", action="store_true", help="fuse q/k/v into one qkv_proj.weight_qkv per rank")
     mig.add_argument("--with-optimizer", action="store_true", help="also migrate AdamW moments")
+    mig.add_argument(
+        "--layout",
+        choices=["neurontrain", "nxd", "optimum-neuron"],
+        default="neurontrain",
+        help="--to neuron: whose checkpoint to write: neurontrain (what `run` loads; the default), nxd (NxD "
+        "save_checkpoint's <dst>/<tag>/), optimum-neuron (its save_pretrained's <dst>/shards/ with its metadata and "
+        "its parameter names at that TP)",
+    )
+    mig.add_argument("--tag", help="--layout nxd: the tag directory (default: migrated)")
+    mig.add_argument(
+        "--xser",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--layout nxd|optimum-neuron: torch-xla serialization, a file per tensor (default: the trainer's: "
+        "on for optimum-neuron, off for nxd)",
+    )
     mig.add_argument("--config", help="Hugging Face config (directory or config.json) when SRC has none")
     mig.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     mig.add_argument(

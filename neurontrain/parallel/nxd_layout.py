@@ -12,6 +12,8 @@ import torch
 
 from neurontrain.parallel.rules import ShardingSpec, neuron_name, rule_for, split_fused
 
+Naming = Callable[[ShardingSpec, str, str], str]  # (spec, hf name, rule) -> the tensor's name in a rank file
+
 MODEL_DIR, OPTIM_DIR = "model", "optim"
 SPEC_FILE = "checkpoint_spec.json"  # the ShardingSpec, beside the rank files
 _FUSION_ORDER = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
@@ -21,24 +23,30 @@ def rank_file(tp: int, pp: int) -> str:
     return f"dp_rank_00_tp_rank_{tp:02d}_pp_rank_{pp:02d}.pt"
 
 
-def fused_groups(spec: ShardingSpec, names: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """neuron name -> [(hf name, rule)] in fusion order (q, k, v / gate, up)."""
+def fused_groups(
+    spec: ShardingSpec, names: list[str], naming: Naming = neuron_name
+) -> dict[str, list[tuple[str, str]]]:
+    """neuron name -> [(hf name, rule)] in fusion order (q, k, v / gate, up); `naming` names the tensors (NxD's
+    GQAQKVColumnParallelLinear names by default; optimum_layout.optimum_name for optimum-neuron's models)."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for name in names:
         rule = rule_for(spec, name)
-        groups.setdefault(neuron_name(spec, name, rule), []).append((name, rule))
+        groups.setdefault(naming(spec, name, rule), []).append((name, rule))
     for members in groups.values():
         members.sort(key=lambda m: _FUSION_ORDER.get(m[1], 0))
     return groups
 
 
 def fuse_rank(
-    spec: ShardingSpec, names: list[str], piece: Callable[[str, str], torch.Tensor]
+    spec: ShardingSpec,
+    names: list[str],
+    piece: Callable[[str, str], torch.Tensor],
+    naming: Naming = neuron_name,
 ) -> dict[str, torch.Tensor]:
     """One rank's {neuron name: tensor}: `piece(hf name, rule)` is the rank's piece of each tensor in `names`;
     the members of a fused group are concatenated on dim 0."""
     out = {}
-    for target, members in fused_groups(spec, names).items():
+    for target, members in fused_groups(spec, names, naming).items():
         parts = [piece(name, rule) for name, rule in members]
         out[target] = owned(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0))
     return out
