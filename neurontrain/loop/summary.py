@@ -34,6 +34,7 @@ class RunSummary:
     expected_graphs: int  # graph keys the plan expected
     unexpected_graphs: int  # graphs the plan did not expect (each also a recompilation-guard report)
     unexpected: list[dict] = field(default_factory=list)  # details of each unexpected graph: key, step, shapes, reason
+    uncompiled_graphs: list[dict] = field(default_factory=list)  # planned graph keys that ran eagerly (native)
     hidden_host_syncs: list[dict]  # device-to-host reads inside a step (.item(), print(tensor), ...)
     checked_against_manifest: bool  # whether compiled graphs were checked against a precompile manifest
     world_size: int  # data-parallel workers

@@ -129,6 +129,7 @@ class Trainer:
             known_graphs=self.manifest_graphs,
             explain=backend.compile_notes,
             graphs_per_key=len(units) if units else 1,
+            compiles_new_keys=self.plan.backend == "native",
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
@@ -245,6 +246,7 @@ class Trainer:
             expected_graphs=self.planned_graphs,
             unexpected_graphs=len(guard.unexpected),
             unexpected=guard.unexpected,
+            uncompiled_graphs=guard.uncompiled,
             hidden_host_syncs=guard.hidden_syncs,
             checked_against_manifest=self.manifest_graphs is not None,
             world_size=plan.world,
