@@ -29,15 +29,24 @@ from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
 
-# Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step,
-# saturation tokens per step). XLA:CPU figures were fitted here to tiny-BERT step times at lengths 16..256
-# (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token); Neuron and CUDA figures are planning
-# estimates (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
+# Defaults for the auto-bucket cost model, per backend (the native backend per device target): (seconds per
+# compiled graph, FLOP/s, seconds per step, saturation tokens per step). XLA:CPU figures were fitted here to
+# tiny-BERT step times at lengths 16..256 (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token);
+# Neuron and XLA:CUDA figures are planning estimates (Neuron graphs take minutes to compile) that a recipe can
+# override under data.auto_buckets. A native graph's compile time grows with the model's layers: COMPILE_PER_LAYER.
 COST_DEFAULTS = {
     "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
     "xla-cuda": (20.0, 5e13, 0.005, 8192),
     "neuron": (300.0, 4e13, 0.01, 4096),
+    # inductor on the CPU: tiny BERT (2 layers) compiled its train graph in 23 s on 2 shared, busy cores here
+    "native-cpu": (4.0, 3.2e10, 0.02, 1024),
+    # inductor on an H100 (torch 2.11): ~7.5-11.5 s a tiny-recipe graph (2 layers), 39.7 s for BERT-base's (12);
+    # eager BERT-base trained 13,978 real tokens/s there (about 9e12 FLOP/s at 6 x parameters a token)
+    "native-cuda": (3.5, 1e13, 0.01, 8192),
+    # TorchNeuron (neuronx-cc behind torch.compile): no trn2 here; planned like Neuron's XLA graphs
+    "native-neuron": (300.0, 4e13, 0.01, 4096),
 }
+COMPILE_PER_LAYER = {"native-cpu": 5.0, "native-cuda": 3.0}  # seconds a graph per transformer layer
 BUCKET_MODES = ("dynamic", "max", "auto", "fixed", "packed")
 
 
@@ -62,6 +71,7 @@ class RunPlan:
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
     packing: Packing | None = None  # set: batches are packed rows (bucket mode "packed")
     packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
+    compile_seconds_per_graph: float = 0.0  # the cost model's compile time of one graph (data.auto_buckets)
 
     def __post_init__(self) -> None:
         samples = self.data.train_samples
@@ -159,10 +169,27 @@ class RunPlan:
         return sum(len(batch.indices) for batch in self._planned_train_batches())
 
 
+def cost_key(backend: str) -> str:
+    """The cost model's entry for a backend: the native backend's is its device target's (`native-cuda`...)."""
+    if backend != "native":
+        return backend
+    from neurontrain.backends.hosts import native_device_type  # lazy: asks the host which device it has
+
+    return f"native-{native_device_type()}"
+
+
+def compile_seconds_per_graph(backend: str, n_layers: int) -> float:
+    """The cost model's default seconds to compile one graph of an n_layers model on a backend."""
+    key = cost_key(backend)
+    base = COST_DEFAULTS.get(key, COST_DEFAULTS["xla-cpu"])[0]
+    return base + COMPILE_PER_LAYER.get(key, 0.0) * n_layers
+
+
 def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
     spec = recipe.data.auto_buckets
     # eager is the reference run for an XLA run: it must plan the same buckets, so it uses XLA:CPU's figures
-    compile_s, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
+    _, flops, overhead, saturation = COST_DEFAULTS.get(cost_key(backend), COST_DEFAULTS["xla-cpu"])
+    compile_s = compile_seconds_per_graph(backend, dims.n_layers)
     dense, attention = training_flops_per_token(dims.n_params, dims.n_layers, dims.hidden)
     return StepCostModel(
         compile_seconds=spec.compile_seconds if spec.compile_seconds is not None else compile_s,
@@ -360,6 +387,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,
+        compile_seconds_per_graph=_cost_model(recipe, backend, dims).compile_seconds,
     )
 
 
