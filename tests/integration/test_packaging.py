@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 # metadata fetched from the index: no wheel download, no build
@@ -42,7 +41,7 @@ def test_requirements_resolve_with_the_users_torch_and_without_torch_xla(tmp_pat
     cases = {"cuda": (None, "torch==2.11.0"), "torchneuron": (None, "torch==2.14.0"), "xla": ("xla", None)}
     running = {name: _compile(tmp_path, name, extra, pin) for name, (extra, pin) in cases.items()}
     results = {name: (proc.communicate(timeout=300), proc.returncode) for name, proc in running.items()}
-    for name, ((out, err), code) in results.items():
+    for name, ((_, err), code) in results.items():
         if code != 0 and any(marker in err for marker in UNREACHABLE):
             pytest.skip(f"the package index is unreachable: {err.strip().splitlines()[-1]}")
         assert code == 0, f"{name}: {err[-2000:]}"
