@@ -11,6 +11,7 @@ recipe's precision. AdamW, the schedule and clipping run eagerly on native: no g
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from neurontrain.compile.native_cache import (
     native_entry_path,
     write_entry,
 )
+from neurontrain.compile.neff_cache import archive_neffs, point_neff_cache
 from neurontrain.data.batching import IndexBatch
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
@@ -99,10 +101,10 @@ def _run_key(plan: RunPlan, backend: Backend, model: torch.nn.Module, key: tuple
 
 def check_native_precompile(plan: RunPlan, backend: Backend) -> None:
     """UsageError for what the native precompile does not do."""
-    if backend.compiler != "inductor":
+    if backend.compiler not in ("inductor", "neuron"):
         raise UsageError(
-            f"precompile --backend native with torch.compile backend {backend.compiler!r}: keeping the neuron "
-            "backend's own compile cache is not built (only inductor's artifacts on the CPU are)"
+            f"precompile --backend native with torch.compile backend {backend.compiler!r}: only inductor's "
+            "artifacts and TorchNeuron's NEFF cache are kept"
         )
     if plan.world > 1:
         raise UsageError("precompile --backend native: one worker only (the native backend trains on one for now)")
@@ -120,6 +122,7 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         report.artifact_bytes = (cache_root / path / ARTIFACTS).stat().st_size
         report.seconds = time.perf_counter() - start
         return report
+    neff_dir = point_neff_cache(os.environ, cache_root) if backend.native_device == "neuron" else None
     model = build_model(plan.recipe, plan.config)
     move_to_device(model, backend.device)
     prepare_packed_classifier(model, plan.recipe.task, plan.packing)
@@ -152,7 +155,7 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         "versions": {k: v for k, v in package_versions().items() if k in ("torch", "transformers")},
         "artifacts": {kind: len(names) for kind, names in saved[1].artifacts.items()},
     }
-    write_entry(cache_root, path, artifacts, meta)
+    write_entry(cache_root, path, artifacts, meta, archive_neffs(neff_dir) if neff_dir is not None else None)
     report.artifact_bytes = len(artifacts)
     report.seconds = time.perf_counter() - start
     return report
