@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from families import ENCODERS, tiny_config
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.data.batching import IndexBatch, fixed_batches
 from neurontrain.data.collate import IGNORE_INDEX, Collator
 from neurontrain.data.packing import Packing

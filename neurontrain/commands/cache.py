@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from neurontrain.backend import backend_for, resolve_backend_name
+from neurontrain.backends import backend_for, resolve_backend_name
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile import cache as compile_cache
 from neurontrain.compile.importer import import_runtime_cache

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neurontrain.backend import backend_for, neuron_runtime_present
+from neurontrain.backends import backend_for, neuron_runtime_present
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile.cache import Cache, resolve_cache
 from neurontrain.compile.discover import run_plan_id

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backends import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.commands.arguments import (
     add_run_arguments,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend, package_versions
+from neurontrain.backends import Backend, package_versions
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
 from neurontrain.data.batching import IndexBatch

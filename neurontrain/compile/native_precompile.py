@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend, package_versions
+from neurontrain.backends import Backend, package_versions
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.native_cache import (
     ARTIFACTS,

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.compile.discover import discover
 from neurontrain.compile.manifest import GraphRecord, Manifest, manifest_path, save_manifest
 from neurontrain.compile.neuron_runtime import Extractor

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neurontrain.backend import neuron_devices, resolve_backend_name
+from neurontrain.backends import neuron_devices, resolve_backend_name
+from neurontrain.backends.native import torchneuron_host
 from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
 from neurontrain.health.parsers import OPS, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
-from neurontrain.native import torchneuron_host
 from neurontrain.processes import end_marked, find_marked, new_marker, proc_state
 
 STALL_SECONDS = 3.0  # a worker stopped (state T) this long is hung

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backends import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.data.ray_service import ServedData, import_ray, prepare_on_data_nodes, selector
 from neurontrain.errors import UsageError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neurontrain.backend import Backend, backend_for, resolve_backend_name
+from neurontrain.backends import Backend, backend_for, resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.checkpoint.initial_tp import initial_loaders
 from neurontrain.compile.cache import resolve_cache

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.lightning import runtime
 from neurontrain.lightning.padding import Padding, batch_rows, pad_batch, resize_batch, sequence_length
 from neurontrain.logs import get_logger

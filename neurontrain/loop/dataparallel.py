@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 
 
 @dataclass
@@ -76,7 +76,7 @@ class DataParallel:
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"neurontrain/attempt_{self.restart}", store)
             # native: the device's own process group (gloo on the CPU, `neuron` on TorchNeuron) for DDP
-            collectives = backend.collectives if backend.is_native else "gloo"
+            collectives = backend.process_group
             dist.init_process_group(collectives, store=store, rank=rank, world_size=world, timeout=timeout)
             # host tensors and objects go through gloo: the default group when it is gloo, else a gloo group
             self._group = None if collectives == "gloo" else dist.new_group(backend="gloo", timeout=timeout)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from neurontrain.backend import is_xla_backend, resolve_backend_name
+from neurontrain.backends import is_xla_backend, resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
 from neurontrain.loop.input_probe import probe_model_inputs

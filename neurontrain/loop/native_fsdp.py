@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.native_parallel import NativeDataParallel

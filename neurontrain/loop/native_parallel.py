@@ -20,7 +20,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.optim import Replicated

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.checkpoints import load_rank_files

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from neurontrain.backend import BACKENDS
+from neurontrain.backends import BACKENDS
 from neurontrain.data.batching import Batcher, IndexBatch, check_targets, fixed_batches
 from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
 from neurontrain.data.collate import Collator

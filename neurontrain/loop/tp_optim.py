@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.optim import Replicated

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
@@ -25,7 +25,7 @@ from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.model import build_model, host_copies, move_to_device, save_pretrained
 from neurontrain.loop.packed import prepare_packed_classifier
 from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.rng import graph_seed, seed_graph
+from neurontrain.loop.rng import graph_seed
 from neurontrain.loop.summary import RunSummary
 from neurontrain.loop.zero1 import Strategy, build_strategy
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
@@ -162,7 +162,7 @@ class Trainer:
         scale = strategy.loss_scale(sum(batch["loss_items"] for batch in batches))
         for micro, batch in enumerate(batches):
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
-                seed_graph(backend, graph_seed(recipe.train.seed, step, micro, self.dp.rank))
+                backend.seed_graph(graph_seed(recipe.train.seed, step, micro, self.dp.rank))
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
             length = batch["input_ids"].shape[1]
             self.log.count(real, batch["input_ids"].numel())

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.checkpoints import load_rank_files

@@ -17,7 +17,7 @@ from conftest import RECIPES, read_json, read_metrics, run_cli
 from safetensors.torch import load_file
 from torch_xla_blocker import without_torch_xla
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import RecompilationError
 from neurontrain.loop.guard import RecompilationGuard
 

@@ -9,7 +9,7 @@ import torch
 from checkpoint_models import bert, llama
 from conftest import RECIPES
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.checkpoint.initial import InitialCheckpoint, load_initial_weights
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.errors import UsageError

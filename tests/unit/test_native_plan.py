@@ -6,12 +6,12 @@ import pytest
 from bad_input import assert_one_line_usage_error
 from conftest import RECIPES, cli_in_process
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
+from neurontrain.backends.native import CPU_TARGET, native_target
 from neurontrain.commands.arguments import backend_choices
 from neurontrain.errors import UsageError
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.planning import make_plan
-from neurontrain.native import CPU_TARGET, native_target
 from neurontrain.recipe import load_recipe
 
 SMALL = [

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import RECIPES
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.finite import LossWatch, NonFiniteError, with_host_weights
 from neurontrain.loop.planning import make_plan

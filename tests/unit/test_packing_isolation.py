@@ -19,7 +19,7 @@ from packing_models import (
     tiny_model,
 )
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 
 # The families whose per-document masking the set-up finds equivalent (loop/input_probe.py); the rest refused
 PACKED = (*DECODERS, "bert", "roberta", "distilbert")

@@ -10,7 +10,7 @@ import torch
 from conftest import RECIPES
 from safetensors.torch import load_file
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.planning import RunPlan, make_plan

@@ -1,4 +1,7 @@
-"""The native backend's device and compiler (`torch.compile`, no torch-xla), and what TorchDynamo reports.
+"""The native backend: `torch.compile` on a device target (no torch-xla), and what TorchDynamo reports.
+
+A target (`NativeTarget`: device type, torch.compile backend, process-group backend) is data: one
+`NativeBackend` runs on any of them.
 
 On this machine the native backend is the CPU device with `torch.compile(backend="inductor", dynamic=False)`.
 On a TorchNeuron host (trn2/trn3) it is PyTorch's PrivateUse1 device `neuron` with `backend="neuron"`.
@@ -16,11 +19,14 @@ records (`torch._dynamo.utils.counters` and `guard_failures`), read as differenc
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, ClassVar
 
+from neurontrain.backends.base import Backend
+from neurontrain.backends.names import neuron_devices
 from neurontrain.errors import UsageError
 
 NEURON_DEVICE = "neuron"  # TorchNeuron's PrivateUse1 device and its torch.compile backend share the name
@@ -141,3 +147,57 @@ class DynamoRecords:
         out += [f"graph break: {reason}" for reason in sorted(breaks - self._breaks_seen)]
         self._breaks_seen = breaks
         return out
+
+
+class NativeBackend(Backend):
+    """`torch.compile` (static shapes) on `target`'s device: compiled graphs run when called, so step closures
+    run at the next sync as on eager."""
+
+    is_native: ClassVar[bool] = True
+    collectives_on_device: ClassVar[bool] = True
+
+    def __init__(self, target: NativeTarget, compiler_flags: list[str]) -> None:
+        super().__init__("native", target.collectives, False, compiler_flags, compiler=target.compiler)
+        self.target = target
+        self._dynamo = DynamoRecords()
+
+    @property
+    def native_device(self) -> str:
+        """The target's torch device type ("cpu" here, "neuron" on TorchNeuron)."""
+        return self.target.device_type
+
+    def _make_device(self) -> Any:
+        import torch
+
+        if self.target.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.target.device_type, int(os.environ.get("LOCAL_RANK", 0)))
+
+    def compile_model(self, model: Any, planned_graphs: int, units: list | None = None) -> None:
+        """Compile the model in place (`nn.Module.compile`, static shapes), or each of `units` (FSDP2's layers)."""
+        compile_in_place(model, self.target.compiler, planned_graphs, units)
+
+    def compile_notes(self) -> list[str]:
+        """TorchDynamo's recompile reasons and graph breaks since the last call."""
+        return self._dynamo.notes()
+
+    def compile_count(self) -> int:
+        """TorchDynamo's graphs in this process."""
+        return self._dynamo.graphs()
+
+    def compile_seconds(self) -> float:
+        return self._dynamo.seconds()
+
+    def device_count(self) -> int:
+        if self.target.device_type == "cpu":
+            return super().device_count()
+        import torch
+
+        return torch.accelerator.device_count()
+
+
+def select_native(compiler_flags: list[str]) -> NativeBackend:
+    """`torch.compile` on the CPU, or on TorchNeuron's `neuron` device where that is installed (never through
+    torch-xla: transformers is told not to import it either, through its USE_TORCH_XLA flag)."""
+    os.environ["USE_TORCH_XLA"] = "0"
+    return NativeBackend(native_target(neuron_devices()), compiler_flags)
