@@ -7,7 +7,9 @@ import glob
 import importlib.util
 import os
 
+from neurontrain.backends.hosts import cuda_available, neuron_stack, torch_xla_installed
 from neurontrain.errors import UsageError
+from neurontrain.logs import get_logger
 
 BACKENDS = ("neuron", "xla-cpu", "xla-cuda", "native", "eager")
 XLA_BACKENDS = ("neuron", "xla-cpu", "xla-cuda")
@@ -23,7 +25,8 @@ def neuron_devices() -> list[str]:
 
 
 def neuron_available() -> bool:
-    return importlib.util.find_spec("torch_neuronx") is not None and bool(neuron_devices())
+    """The torch-xla torch-neuronx (trn1's stack, by Neuron's version rule) with /dev/neuron* devices."""
+    return neuron_stack() == "xla" and bool(neuron_devices())
 
 
 def neuron_runtime_present() -> bool:
@@ -32,14 +35,32 @@ def neuron_runtime_present() -> bool:
 
 
 def resolve_backend_name(requested: str) -> str:
-    """`auto` -> neuron when torch-neuronx and /dev/neuron* exist, xla-cuda when PJRT_DEVICE asks for it,
-    else xla-cpu. `native` is chosen by name only."""
+    """`auto`, in order: TorchNeuron installed -> native (on `neuron`); the torch-xla torch-neuronx with
+    /dev/neuron* -> neuron; PJRT_DEVICE=CUDA -> xla-cuda; torch-xla installed -> xla-cpu; without torch-xla,
+    native on a GPU, else eager (said once per process: the user asked for neither)."""
     if requested != "auto":
         if requested not in BACKENDS:
             raise UsageError(f"unknown backend {requested!r} (choose from auto, {', '.join(BACKENDS)})")
         return requested
-    if neuron_available():
+    stack = neuron_stack()
+    if stack == "torchneuron":
+        return _said("native", "TorchNeuron (torch-neuronx 2.13+) is installed: native torch.compile on `neuron`")
+    if stack == "xla" and neuron_devices():
         return "neuron"
     if os.environ.get("PJRT_DEVICE", "").upper() in ("CUDA", "GPU"):
         return "xla-cuda"
-    return "xla-cpu"
+    if torch_xla_installed():
+        return "xla-cpu"
+    if cuda_available():
+        return _said("native", "torch-xla is not installed: native torch.compile (inductor) on CUDA")
+    return _said("eager", "torch-xla is not installed and there is no GPU: eager PyTorch on the CPU")
+
+
+_SAID: set[str] = set()
+
+
+def _said(name: str, why: str) -> str:
+    if why not in _SAID:
+        _SAID.add(why)
+        get_logger(__name__).info(f"backend auto -> {name}: {why}")
+    return name

@@ -3,14 +3,11 @@
 A target (`NativeTarget`: device type, torch.compile backend, process-group backend) is data: one
 `NativeBackend` runs on any of them.
 
-On this machine the native backend is the CPU device with `torch.compile(backend="inductor", dynamic=False)`.
-On a TorchNeuron host (trn2/trn3) it is PyTorch's PrivateUse1 device `neuron` with `backend="neuron"`.
-TorchNeuron is installed as the `torch-neuronx` distribution (import name `torch_neuronx`), the same name as
-the torch-xla-based package of trn1: `torchneuron_host` tells them apart by the distribution's requirements
-(the torch-xla one requires torch-xla) and, once imported, by PyTorch's PrivateUse1 backend name, which
-TorchNeuron renames to `neuron` (Neuron's documentation: "TorchNeuron integrates through PyTorch's standard
-PrivateUse1 device backend mechanism"; device `neuron`, `torch.compile(model, backend="neuron")`). Written to
-that documented contract and unverified here: there is no trn2/trn3 host on this machine.
+Targets (`TARGETS`): the CPU and CUDA with inductor, TorchNeuron's PrivateUse1 device `neuron` with
+`backend="neuron"` (Neuron's documentation: "TorchNeuron integrates through PyTorch's standard PrivateUse1 device
+backend mechanism"), chosen by `hosts.native_device_type()`: TorchNeuron is torch-neuronx 2.13.x / 2.14.x by
+Neuron's version rule. The TorchNeuron target is written to that documented contract and unverified here: there
+is no trn2/trn3 host on this machine (tests/standin/torchneuron stands in for it).
 
 Nothing here imports torch_xla. Graph counts, recompile reasons and graph breaks come from TorchDynamo's own
 records (`torch._dynamo.utils.counters` and `guard_failures`), read as differences since the last reading.
@@ -18,14 +15,13 @@ records (`torch._dynamo.utils.counters` and `guard_failures`), read as differenc
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, ClassVar
 
 from neurontrain.backends.base import Backend
+from neurontrain.backends.hosts import native_device_type, neuron_stack
 from neurontrain.backends.names import neuron_devices
 from neurontrain.errors import UsageError
 
@@ -34,42 +30,40 @@ NEURON_DEVICE = "neuron"  # TorchNeuron's PrivateUse1 device and its torch.compi
 
 @dataclass(frozen=True)
 class NativeTarget:
-    """Where the native backend runs: a torch device type and the torch.compile backend for it."""
+    """Where the native backend runs: a torch device type, the torch.compile backend for it, its process-group
+    backend, and the runtime's rules: `process_group_first` (the device may be touched only after
+    init_process_group, which assigns each worker its cores: TorchNeuron) and the default of `fullgraph`."""
 
     device_type: str
     compiler: str
-    collectives: str  # the torch.distributed process-group backend for this device (data parallel: phase 2)
+    collectives: str
+    process_group_first: bool = False
+    fullgraph: bool = False
 
 
 CPU_TARGET = NativeTarget("cpu", "inductor", "gloo")
-NEURON_TARGET = NativeTarget(NEURON_DEVICE, NEURON_DEVICE, NEURON_DEVICE)
+CUDA_TARGET = NativeTarget("cuda", "inductor", "nccl")
+# TorchNeuron's docs: torch.compile(backend="neuron") with fullgraph=True recommended, the `neuron` process group
+NEURON_TARGET = NativeTarget(NEURON_DEVICE, NEURON_DEVICE, NEURON_DEVICE, process_group_first=True, fullgraph=True)
+TARGETS = {t.device_type: t for t in (CPU_TARGET, CUDA_TARGET, NEURON_TARGET)}  # by hosts.native_device_type()
 
 
-def _requires_torch_xla(distribution: str) -> bool:
-    try:
-        requirements = metadata.requires(distribution) or []
-    except metadata.PackageNotFoundError:
-        return False
-    return any(r.replace("_", "-").lower().startswith("torch-xla") for r in requirements)
+def torchneuron_host() -> bool:
+    """Whether TorchNeuron is installed: torch-neuronx 2.13.x / 2.14.x by Neuron's version rule (hosts.py)."""
+    return neuron_stack() == "torchneuron"
 
 
-def torchneuron_host(neuron_devices: list[str]) -> bool:
-    """Whether this is a TorchNeuron host: `torch_neuronx` importable, Neuron devices present, and that
-    `torch-neuronx` is not the torch-xla-based one (UsageError: that one serves `--backend neuron`)."""
-    if importlib.util.find_spec("torch_neuronx") is None or not neuron_devices:
-        return False
-    if _requires_torch_xla("torch-neuronx"):
+def native_target() -> NativeTarget:
+    """The target of this host's device (hosts.native_device_type); on TorchNeuron, importing torch_neuronx
+    registers its device, which must then be PyTorch's PrivateUse1 device `neuron`."""
+    if neuron_stack() == "xla" and neuron_devices():
         raise UsageError(
             "backend native: the torch-neuronx installed here is the torch-xla one (trn1); use --backend neuron, "
-            "or install TorchNeuron (trn2/trn3)"
+            "or install TorchNeuron (trn2/trn3: torch-neuronx 2.13 / 2.14)"
         )
-    return True
-
-
-def native_target(neuron_devices: list[str]) -> NativeTarget:
-    """NEURON_TARGET on a TorchNeuron host (importing torch_neuronx registers its device), else CPU_TARGET."""
-    if not torchneuron_host(neuron_devices):
-        return CPU_TARGET
+    target = TARGETS[native_device_type()]
+    if target is not NEURON_TARGET:
+        return target
     import torch
     import torch_neuronx  # noqa: F401  # lazy: present only on TorchNeuron hosts; registers the neuron device
 
@@ -79,10 +73,23 @@ def native_target(neuron_devices: list[str]) -> NativeTarget:
             f"backend native: torch_neuronx imported but PyTorch's PrivateUse1 device is {backend_name!r}, not "
             f"{NEURON_DEVICE!r}"
         )
-    return NEURON_TARGET
+    return target
 
 
-def compile_in_place(model: Any, compiler: str, planned_graphs: int, units: list | None = None) -> None:
+def visible_cores(value: str | None) -> int | None:
+    """NeuronCores in NEURON_RT_VISIBLE_CORES ("3", "0-3", "0,1,4-5"); None when unset (pure)."""
+    if not value:
+        return None
+    count = 0
+    for part in value.split(","):
+        low, _, high = part.strip().partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
+def compile_in_place(
+    model: Any, compiler: str, planned_graphs: int, units: list | None = None, fullgraph: bool = False
+) -> None:
     """`nn.Module.compile` with static shapes: the module keeps its class and state_dict names (checkpoints,
     the `model/` export and `checkpoint migrate` see the same names as on the other backends). units: compile
     these submodules one by one instead of the whole model (FSDP2's units: `parallel/fsdp_units.py`). Dynamo
@@ -96,7 +103,7 @@ def compile_in_place(model: Any, compiler: str, planned_graphs: int, units: list
     config.recompile_limit = max(config.recompile_limit, planned_graphs + 1)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, planned_graphs + 1)
     for module in units if units is not None else [model]:
-        module.compile(backend=compiler, dynamic=False)
+        module.compile(backend=compiler, dynamic=False, fullgraph=fullgraph)
 
 
 def require_cpp_compiler() -> None:
@@ -156,9 +163,10 @@ class NativeBackend(Backend):
     is_native: ClassVar[bool] = True
     collectives_on_device: ClassVar[bool] = True
 
-    def __init__(self, target: NativeTarget, compiler_flags: list[str]) -> None:
+    def __init__(self, target: NativeTarget, compiler_flags: list[str], fullgraph: bool | None = None) -> None:
         super().__init__("native", target.collectives, False, compiler_flags, compiler=target.compiler)
         self.target = target
+        self.fullgraph = target.fullgraph if fullgraph is None else fullgraph
         self._dynamo = DynamoRecords()
 
     @property
@@ -175,7 +183,7 @@ class NativeBackend(Backend):
 
     def compile_model(self, model: Any, planned_graphs: int, units: list | None = None) -> None:
         """Compile the model in place (`nn.Module.compile`, static shapes), or each of `units` (FSDP2's layers)."""
-        compile_in_place(model, self.target.compiler, planned_graphs, units)
+        compile_in_place(model, self.target.compiler, planned_graphs, units, self.fullgraph)
 
     def compile_notes(self) -> list[str]:
         """TorchDynamo's recompile reasons and graph breaks since the last call."""
@@ -189,15 +197,24 @@ class NativeBackend(Backend):
         return self._dynamo.seconds()
 
     def device_count(self) -> int:
+        """Devices this worker addresses. TorchNeuron: the cores its process group gave this worker
+        (NEURON_RT_VISIBLE_CORES, set from LOCAL_RANK at init_process_group), else what torch counts."""
         if self.target.device_type == "cpu":
             return super().device_count()
+        cores = visible_cores(os.environ.get("NEURON_RT_VISIBLE_CORES")) if self.target is NEURON_TARGET else None
+        if cores is not None:
+            return cores
         import torch
 
         return torch.accelerator.device_count()
 
 
-def select_native(compiler_flags: list[str]) -> NativeBackend:
-    """`torch.compile` on the CPU, or on TorchNeuron's `neuron` device where that is installed (never through
-    torch-xla: transformers is told not to import it either, through its USE_TORCH_XLA flag)."""
+def select_native(compiler_flags: list[str], fullgraph: bool | None = None) -> NativeBackend:
+    """`torch.compile` on this host's device target (never through torch-xla: transformers is told not to import
+    it either, through its USE_TORCH_XLA flag). TorchNeuron reads neuronx-cc flags from NEURON_CC_FLAGS itself:
+    compiler_flags are appended there."""
     os.environ["USE_TORCH_XLA"] = "0"
-    return NativeBackend(native_target(neuron_devices()), compiler_flags)
+    target = native_target()
+    if target is NEURON_TARGET and compiler_flags:
+        os.environ["NEURON_CC_FLAGS"] = " ".join([os.environ.get("NEURON_CC_FLAGS", ""), *compiler_flags]).strip()
+    return NativeBackend(target, compiler_flags, fullgraph)

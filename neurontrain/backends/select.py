@@ -16,7 +16,10 @@ from neurontrain.backends.xla import select_xla
 
 
 def select_backend(
-    requested: str = "auto", compiler_flags: list[str] | None = None, xla_flags: list[str] | None = None
+    requested: str = "auto",
+    compiler_flags: list[str] | None = None,
+    xla_flags: list[str] | None = None,
+    fullgraph: bool | None = None,
 ) -> Backend:
     """compiler_flags are neuronx-cc flags: the Neuron runtime receives them (compile/neuron_runtime.py), XLA
     never does. xla_flags are checked, then appended to XLA_FLAGS on the XLA backends."""
@@ -24,12 +27,16 @@ def select_backend(
     flags = list(compiler_flags or [])
     if is_xla_backend(name):
         return select_xla(name, flags, list(xla_flags or []))
-    return select_native(flags) if name == "native" else select_eager(flags)
+    return select_native(flags, fullgraph) if name == "native" else select_eager(flags)
 
 
 def backend_for(runtime: Any) -> Backend:
-    """The backend of a recipe's `runtime` section."""
-    return select_backend(runtime.backend, list(runtime.compiler_flags), list(runtime.xla_flags))
+    """The backend of a recipe's `runtime` section; float32 matmuls at runtime.matmul_precision ("high": TF32 on
+    CUDA), set once here for the process."""
+    import torch  # lazy: see the module docstring
+
+    torch.set_float32_matmul_precision(runtime.matmul_precision)
+    return select_backend(runtime.backend, list(runtime.compiler_flags), list(runtime.xla_flags), runtime.fullgraph)
 
 
 def package_versions() -> dict[str, str | None]:

@@ -258,16 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
     backend = select_backend(args.backend)
+    # The process group first, then the device: TorchNeuron's `neuron` group assigns this worker its cores
+    # (NEURON_RT_VISIBLE_CORES from LOCAL_RANK) and refuses a runtime already started; a device touched before
+    # it would start the runtime on every core. native: the device's own process-group backend on device
+    # tensors (gloo on the CPU); the XLA backends' host-side gloo group otherwise, as their training uses it.
+    reporter.start("rendezvous")
+    dist.init_process_group(backend.process_group, timeout=timedelta(seconds=args.timeout))
+    reporter.finish({"check": "rendezvous", "ok": True})
+    device = backend.device if backend.collectives_on_device else None
     if args.skip_device:
         reporter.state["device"] = "the host CPU, shared by all local workers: checked once by the coordinator"
     else:
         ok &= all(r["ok"] for r in device_checks(backend, args.expect_devices, reporter, compiler=True))
-    # native: the device's own process-group backend on device tensors (gloo on the CPU, `neuron` on
-    # TorchNeuron); the XLA backends' host-side gloo group otherwise, as their training uses it for host tensors
-    collectives, device = backend.process_group, (backend.device if backend.collectives_on_device else None)
-    reporter.start("rendezvous")
-    dist.init_process_group(collectives, timeout=timedelta(seconds=args.timeout))
-    reporter.finish({"check": "rendezvous", "ok": True})
     sizes = [int(s) for s in args.sizes.split(",")]
     ok &= collective_checks(reporter, sizes, args.iters, args.warmup, device)
     if reporter.state["state"] != "failed":

@@ -6,9 +6,11 @@ the summary it prints and keeps is a `RunSummary` with the cache counters added.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from neurontrain.backends import Backend, backend_for, resolve_backend_name
+from neurontrain.backends.hosts import native_device_type
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.checkpoint.initial_tp import initial_loaders
 from neurontrain.compile.cache import resolve_cache
@@ -16,6 +18,7 @@ from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import load_manifest, manifest_path
 from neurontrain.compile.native_cache import NativeCacheUse
+from neurontrain.compile.neff_cache import point_neff_cache
 from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.runtime_cache import CacheLocation, extraction_mode, gained_neff, scan_modules
 from neurontrain.data.ray_service import ServedData
@@ -47,12 +50,15 @@ def train_single(
     native = NativeCacheUse.start(cache, plan, backend.native_device, backend.compiler) if backend.is_native else None
     pulled = native.pulled if native else cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     modules_before = _modules(location)
+    alone = DataParallel()
+    alone.start(backend, recipe.runtime.collective_timeout)  # a process group of one where the device needs it
     if recipe.runtime.preflight and preflight_check:
-        preflight(backend, recipe, DataParallel())
+        preflight(backend, recipe, alone)
     _announce(plan, backend.name, output_dir)
     manifest = _manifest_ids(plan, backend.name, cache.local)
-    trainer = _trainer(plan, backend, output_dir, manifest, DataParallel(), init_from)
+    trainer = _trainer(plan, backend, output_dir, manifest, alone, init_from)
     summary = trainer.run()
+    alone.close()
     pushed = cache.push_after()
     changed = False
     if pulled is not None or pushed is not None or native is not None:
@@ -75,6 +81,8 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     _announce(plan, backend, output_dir)
     cache = resolve_cache(recipe.runtime.compile_cache)
     location = attach_runtime(cache, recipe.runtime)  # exported to the workers through the environment
+    if backend == "native" and native_device_type() == "neuron":  # TorchNeuron's NEFFs: under the compile cache
+        point_neff_cache(os.environ, cache.local)
     _say_extraction()
     cache.pull_before(recipe.name, run_plan_id(plan, backend))
     modules_before = _modules(location)

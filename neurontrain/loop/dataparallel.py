@@ -61,9 +61,15 @@ class DataParallel:
     def start(self, backend: Backend, timeout_s: float) -> None:
         """Join the process group: gloo for host tensors on every backend; Neuron and XLA:CUDA also the xla
         backend for the in-graph gradient all-reduce."""
-        if not self.enabled or self._started:
+        if self._started:
             return
         timeout = timedelta(seconds=timeout_s)
+        if not self.enabled:
+            target = getattr(backend, "target", None)
+            if target is not None and target.process_group_first:  # TorchNeuron: its group assigns the cores
+                dist.init_process_group(backend.process_group, store=dist.HashStore(), rank=0, world_size=1)
+                self._started = True
+            return
         if backend.collectives == "xla":
             import torch_xla.distributed.xla_backend  # noqa: F401  # lazy: starts a runtime; registers "xla"
 

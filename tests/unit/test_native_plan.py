@@ -72,7 +72,7 @@ def test_what_native_does_not_do_yet_is_a_one_line_usage_error(case: str, capsys
 
 def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch):
     monkeypatch.setenv("USE_TORCH_XLA", "1")
-    assert native_target([]) == CPU_TARGET
+    assert native_target() == CPU_TARGET
     backend = select_backend("native")
     assert (backend.is_xla, backend.is_native, backend.compiler, str(backend.device)) == (
         False,

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch._dynamo
 
+from neurontrain.backends.native import DynamoRecords
 from neurontrain.errors import RecompilationError
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.native import DynamoRecords
 
 
 @pytest.fixture
