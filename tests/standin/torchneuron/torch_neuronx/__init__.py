@@ -8,8 +8,8 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
 - `torch.compile(backend="neuron")` rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
   a graph found there is loaded instead of compiled.
-What it cannot do: hold tensors. PyTorch refuses a PrivateUse1 device without a C++ device guard, so a tensor moved
-to `neuron` fails with PyTorch's own "not linked with support for neuron devices" error.
+What it cannot do: hold tensors. A PrivateUse1 device needs C++ kernels, so an op on `neuron` fails with PyTorch's
+own "Could not run 'aten::...' with arguments from the 'neuron' backend" error.
 
 Every event goes as one JSON line to $TORCHNEURON_STANDIN_LOG (when set), for the tests to read.
 """
