@@ -46,14 +46,14 @@ def train_single(
     cache = resolve_cache(recipe.runtime.compile_cache)
     location = attach_runtime(cache, recipe.runtime)
     _say_extraction()
-    alone = DataParallel()
-    alone.start(backend, recipe.runtime.collective_timeout)  # a process group of one where the device needs it
-    if recipe.runtime.preflight and preflight_check:
-        preflight(backend, recipe, alone)
     plan = make_plan(recipe, backend.name)
     native = NativeCacheUse.start(cache, plan, backend.native_device, backend.compiler) if backend.is_native else None
     pulled = native.pulled if native else cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
     modules_before = _modules(location)
+    alone = DataParallel()
+    alone.start(backend, recipe.runtime.collective_timeout)  # a process group of one where the device needs it
+    if recipe.runtime.preflight and preflight_check:
+        preflight(backend, recipe, alone)
     _announce(plan, backend.name, output_dir)
     manifest = _manifest_ids(plan, backend.name, cache.local)
     trainer = _trainer(plan, backend, output_dir, manifest, alone, init_from)
