@@ -123,11 +123,13 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         report.seconds = time.perf_counter() - start
         return report
     neff_dir = point_neff_cache(os.environ, cache_root) if backend.native_device == "neuron" else None
+    alone = DataParallel(0, plan.world)
+    alone.start(backend, plan.recipe.runtime.collective_timeout)  # TorchNeuron: its group before the device
     model = build_model(plan.recipe, plan.config)
     move_to_device(model, backend.device)
     prepare_packed_classifier(model, plan.recipe.task, plan.packing)
     backend.compile_model(model, len(keys))
-    build_strategy(plan, model, backend, DataParallel(0, plan.world)).materialize()
+    build_strategy(plan, model, backend, alone).materialize()
     before, graphs_before = counts_now(), backend.compile_count()
     for key in keys:
         t0 = time.perf_counter()
@@ -156,6 +158,7 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         "artifacts": {kind: len(names) for kind, names in saved[1].artifacts.items()},
     }
     write_entry(cache_root, path, artifacts, meta, archive_neffs(neff_dir) if neff_dir is not None else None)
+    alone.close()
     report.artifact_bytes = len(artifacts)
     report.seconds = time.perf_counter() - start
     return report
