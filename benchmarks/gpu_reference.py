@@ -94,8 +94,8 @@ def _fidelity(a: dict, b: dict) -> float | None:
 
 def _estimate(recipe: str, sets: list[str], graphs: int) -> float:
     """The planner's compile seconds for `graphs` graphs of this model on this host's native target."""
+    from neurontrain.loop.cost_model import compile_seconds_per_graph
     from neurontrain.loop.model import build_config, model_dims
-    from neurontrain.loop.planning import compile_seconds_per_graph
     from neurontrain.recipe import load_recipe
 
     loaded = load_recipe(RECIPES / f"{recipe}.yaml", sets)

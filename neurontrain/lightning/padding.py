@@ -19,7 +19,7 @@ import torch
 
 from neurontrain.data.buckets import StepCostModel, bucket_for, choose_buckets, round_up, training_flops_per_token
 from neurontrain.errors import UsageError
-from neurontrain.loop.planning import COST_DEFAULTS
+from neurontrain.loop.cost_model import COST_DEFAULTS
 
 IGNORE_INDEX = -100
 DEFAULT_PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}

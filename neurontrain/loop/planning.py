@@ -12,7 +12,7 @@ from typing import Any
 
 from neurontrain.backends import BACKENDS
 from neurontrain.data.batching import Batcher, IndexBatch, check_targets, fixed_batches
-from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
+from neurontrain.data.buckets import choose_buckets, round_up
 from neurontrain.data.collate import Collator
 from neurontrain.data.packing import Packing
 from neurontrain.data.service import Collation
@@ -20,6 +20,7 @@ from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
+from neurontrain.loop.cost_model import cost_model
 from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
 from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
 from neurontrain.loop.packing_plan import BucketedSide, decide_packing, with_packed_rows
@@ -29,24 +30,6 @@ from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
 
-# Defaults for the auto-bucket cost model, per backend (the native backend per device target): (seconds per
-# compiled graph, FLOP/s, seconds per step, saturation tokens per step). XLA:CPU figures were fitted here to
-# tiny-BERT step times at lengths 16..256 (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token);
-# Neuron and XLA:CUDA figures are planning estimates (Neuron graphs take minutes to compile) that a recipe can
-# override under data.auto_buckets. A native graph's compile time grows with the model's layers: COMPILE_PER_LAYER.
-COST_DEFAULTS = {
-    "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
-    "xla-cuda": (20.0, 5e13, 0.005, 8192),
-    "neuron": (300.0, 4e13, 0.01, 4096),
-    # inductor on the CPU: tiny BERT (2 layers) compiled its train graph in 23 s on 2 shared, busy cores here
-    "native-cpu": (4.0, 3.2e10, 0.02, 1024),
-    # inductor on an H100 (torch 2.11): ~7.5-11.5 s a tiny-recipe graph (2 layers), 39.7 s for BERT-base's (12);
-    # eager BERT-base trained 13,978 real tokens/s there (about 9e12 FLOP/s at 6 x parameters a token)
-    "native-cuda": (3.5, 1e13, 0.01, 8192),
-    # TorchNeuron (neuronx-cc behind torch.compile): no trn2 here; planned like Neuron's XLA graphs
-    "native-neuron": (300.0, 4e13, 0.01, 4096),
-}
-COMPILE_PER_LAYER = {"native-cpu": 5.0, "native-cuda": 3.0}  # seconds a graph per transformer layer
 BUCKET_MODES = ("dynamic", "max", "auto", "fixed", "packed")
 
 
@@ -71,7 +54,6 @@ class RunPlan:
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
     packing: Packing | None = None  # set: batches are packed rows (bucket mode "packed")
     packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
-    compile_seconds_per_graph: float = 0.0  # the cost model's compile time of one graph (data.auto_buckets)
 
     def __post_init__(self) -> None:
         samples = self.data.train_samples
@@ -135,6 +117,11 @@ class RunPlan:
         kinds = ["train-micro", "optimizer"] if self.split_step else ["train"]
         return kinds + (["eval"] if self.eval_batches else [])
 
+    @property
+    def compile_seconds_per_graph(self) -> float:
+        """The cost model's compile time of one of this plan's graphs (data.auto_buckets overrides it)."""
+        return cost_model(self.recipe, self.backend, self.dims).compile_seconds
+
     def expected_graphs(self) -> list[tuple]:
         """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) for split steps.
 
@@ -167,39 +154,6 @@ class RunPlan:
     def samples_trained(self) -> int:
         """Training samples in the planned training batches (over all workers; a packed row holds several)."""
         return sum(len(batch.indices) for batch in self._planned_train_batches())
-
-
-def cost_key(backend: str) -> str:
-    """The cost model's entry for a backend: the native backend's is its device target's (`native-cuda`...)."""
-    if backend != "native":
-        return backend
-    from neurontrain.backends.hosts import native_device_type  # lazy: asks the host which device it has
-
-    return f"native-{native_device_type()}"
-
-
-def compile_seconds_per_graph(backend: str, n_layers: int) -> float:
-    """The cost model's default seconds to compile one graph of an n_layers model on a backend."""
-    key = cost_key(backend)
-    base = COST_DEFAULTS.get(key, COST_DEFAULTS["xla-cpu"])[0]
-    return base + COMPILE_PER_LAYER.get(key, 0.0) * n_layers
-
-
-def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
-    spec = recipe.data.auto_buckets
-    # eager is the reference run for an XLA run: it must plan the same buckets, so it uses XLA:CPU's figures
-    _, flops, overhead, saturation = COST_DEFAULTS.get(cost_key(backend), COST_DEFAULTS["xla-cpu"])
-    compile_s = compile_seconds_per_graph(backend, dims.n_layers)
-    dense, attention = training_flops_per_token(dims.n_params, dims.n_layers, dims.hidden)
-    return StepCostModel(
-        compile_seconds=spec.compile_seconds if spec.compile_seconds is not None else compile_s,
-        flops_per_second=spec.flops_per_second if spec.flops_per_second is not None else flops,
-        step_overhead_seconds=spec.step_overhead_seconds if spec.step_overhead_seconds is not None else overhead,
-        flops_per_token=dense,
-        attention_flops_per_token_per_position=attention,
-        batch_size=recipe.data.batch_size,
-        saturation_tokens=spec.saturation_tokens if spec.saturation_tokens is not None else saturation,
-    )
 
 
 def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
@@ -244,7 +198,7 @@ def _choose(recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, n
             data.train_lengths,
             planned_batches=recipe.train.max_steps * recipe.train.grad_accum,
             graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
-            cost=_cost_model(recipe, backend, dims),
+            cost=cost_model(recipe, backend, dims),
             max_buckets=spec.auto_buckets.max_buckets,
             multiple=spec.pad_to_multiple_of,
             max_length=spec.max_length,
@@ -387,7 +341,6 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,
-        compile_seconds_per_graph=_cost_model(recipe, backend, dims).compile_seconds,
     )
 
 
@@ -401,7 +354,7 @@ def _with_packing(
         data,
         dims.inputs,
         BucketedSide(buckets.lengths, buckets.mode, (buckets.estimate or {}).get("seconds")),
-        cost=_cost_model(recipe, backend, dims),
+        cost=cost_model(recipe, backend, dims),
         graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
         world=world,
     )

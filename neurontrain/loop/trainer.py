@@ -1,9 +1,7 @@
-"""The training loop: one graph per step kind and bucket, values read in step closures, resumable.
-
-`Trainer.run` reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when resuming),
-then for each step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`. After every sync the
-recompilation guard checks the graph that ran against the plan, and the loss watch its loss (`finite.py`).
-"""
+"""The training loop: one graph per step kind and bucket, values read in step closures, resumable. `Trainer.run`
+reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when resuming), then for each
+step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`; after every sync the recompilation guard checks
+the graph that ran against the plan, and the loss watch its loss (`finite.py`)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ from conftest import RECIPES
 
 from neurontrain.backends.hosts import native_device_type
 from neurontrain.data.buckets import StepCostModel, choose_buckets, training_flops_per_token
+from neurontrain.loop.cost_model import COMPILE_PER_LAYER, COST_DEFAULTS, compile_seconds_per_graph
 from neurontrain.loop.plan_description import describe_plan
-from neurontrain.loop.planning import COMPILE_PER_LAYER, COST_DEFAULTS, compile_seconds_per_graph, make_plan
+from neurontrain.loop.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 # BERT-base (110M parameters, 12 layers of 768) at batch 32 and <= 128 tokens, as measured on an H100: 39.7 s for
