@@ -39,10 +39,13 @@ class NativeTarget:
     collectives: str
     process_group_first: bool = False
     fullgraph: bool = False
+    # each local worker addresses device LOCAL_RANK of all it sees (CUDA); else device 0 of what the runtime gave
+    # it (TorchNeuron: its process group narrows each worker's NEURON_RT_VISIBLE_CORES to its own cores)
+    per_local_rank: bool = False
 
 
 CPU_TARGET = NativeTarget("cpu", "inductor", "gloo")
-CUDA_TARGET = NativeTarget("cuda", "inductor", "nccl")
+CUDA_TARGET = NativeTarget("cuda", "inductor", "nccl", per_local_rank=True)
 # TorchNeuron's docs: torch.compile(backend="neuron") with fullgraph=True recommended, the `neuron` process group
 NEURON_TARGET = NativeTarget(NEURON_DEVICE, NEURON_DEVICE, NEURON_DEVICE, process_group_first=True, fullgraph=True)
 TARGETS = {t.device_type: t for t in (CPU_TARGET, CUDA_TARGET, NEURON_TARGET)}  # by hosts.native_device_type()
@@ -179,7 +182,11 @@ class NativeBackend(Backend):
 
         if self.target.device_type == "cpu":
             return torch.device("cpu")
-        return torch.device(self.target.device_type, int(os.environ.get("LOCAL_RANK", 0)))
+        if not self.target.per_local_rank:
+            return torch.device(self.target.device_type, 0)
+        index = int(os.environ.get("LOCAL_RANK", 0))
+        torch.accelerator.set_device_index(index)  # the current device, which NCCL's communicators use
+        return torch.device(self.target.device_type, index)
 
     def compile_model(self, model: Any, planned_graphs: int, units: list | None = None) -> None:
         """Compile the model in place (`nn.Module.compile`, static shapes), or each of `units` (FSDP2's layers)."""
