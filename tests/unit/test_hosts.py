@@ -3,7 +3,9 @@
 
 import pytest
 
+from neurontrain.backends import names
 from neurontrain.backends.hosts import is_torchneuron_version, neuron_stack, torch_xla_installed
+from neurontrain.logs import get_logger
 
 
 @pytest.mark.parametrize(
@@ -24,3 +26,28 @@ def test_the_version_tells_torchneuron_from_the_xla_library(version, native):
 
 def test_this_host_has_no_neuron_stack_and_has_torch_xla():
     assert neuron_stack() is None and torch_xla_installed()
+
+
+@pytest.mark.parametrize(
+    ("xla", "cuda", "stack", "want"),
+    [
+        (True, False, None, "xla-cpu"),  # this machine
+        (False, True, None, "native"),  # a CUDA host next to the user's torch 2.11
+        (False, False, None, "eager"),
+        (True, True, "torchneuron", "native"),  # TorchNeuron wins whatever else is installed
+    ],
+)
+def test_auto_without_torch_xla_picks_a_working_backend_and_says_which(monkeypatch, caplog, xla, cuda, stack, want):
+    monkeypatch.setattr(names, "torch_xla_installed", lambda: xla)
+    monkeypatch.setattr(names, "cuda_available", lambda: cuda)
+    monkeypatch.setattr(names, "neuron_stack", lambda: stack)
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.setattr(names, "_SAID", set())
+    package_logger = get_logger()  # the package's logger does not propagate: listen to it directly
+    package_logger.addHandler(caplog.handler)
+    try:
+        assert names.resolve_backend_name("auto") == want
+    finally:
+        package_logger.removeHandler(caplog.handler)
+    said = [r.getMessage() for r in caplog.records if "backend auto" in r.getMessage()]
+    assert bool(said) == (want != "xla-cpu"), said
