@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -53,6 +53,43 @@ class StepCostModel:
 def training_flops_per_token(n_params: int, n_layers: int, hidden: int) -> tuple[float, float]:
     """(dense FLOPs per token, attention FLOPs per token per position) for forward+backward."""
     return 6.0 * n_params, 12.0 * n_layers * hidden
+
+
+# Defaults for the cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step, saturation
+# tokens per step). XLA:CPU figures were fitted here to tiny-BERT step times at lengths 16..256 (batch 16: ~0.1 s
+# flat up to 64 tokens a sequence, then ~79 us a token); Neuron and CUDA figures are planning estimates (Neuron
+# graphs take minutes to compile) that a recipe can override under data.auto_buckets.
+COST_DEFAULTS = {
+    "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
+    "xla-cuda": (20.0, 5e13, 0.005, 8192),
+    "neuron": (300.0, 4e13, 0.01, 4096),
+}
+
+
+def default_cost_model(
+    backend: str,
+    *,
+    n_params: int,
+    n_layers: int,
+    hidden: int,
+    batch_size: int,
+    overrides: Mapping[str, float | None] | None = None,
+) -> StepCostModel:
+    """`backend`'s cost model for a model of these dimensions, with the figures `overrides` sets (a recipe's
+    data.auto_buckets). Eager (and native) plan with XLA:CPU's figures: eager is the reference run for an XLA
+    run and must plan the same buckets."""
+    compile_s, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    dense, attention = training_flops_per_token(n_params, n_layers, hidden)
+    return StepCostModel(
+        compile_seconds=given.get("compile_seconds", compile_s),
+        flops_per_second=given.get("flops_per_second", flops),
+        step_overhead_seconds=given.get("step_overhead_seconds", overhead),
+        flops_per_token=dense,
+        attention_flops_per_token_per_position=attention,
+        batch_size=batch_size,
+        saturation_tokens=int(given.get("saturation_tokens", saturation)),
+    )
 
 
 @dataclass(frozen=True)
