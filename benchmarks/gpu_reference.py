@@ -94,13 +94,14 @@ def _fidelity(a: dict, b: dict) -> float | None:
 
 def _estimate(recipe: str, sets: list[str], graphs: int) -> float:
     """The planner's compile seconds for `graphs` graphs of this model on this host's native target."""
-    from neurontrain.loop.cost_model import compile_seconds_per_graph
-    from neurontrain.loop.model import build_config, model_dims
+    from neurontrain.data.buckets import compile_seconds_per_graph
+    from neurontrain.model.build import build_config, model_dims
+    from neurontrain.plan.buckets import cost_key
     from neurontrain.recipe import load_recipe
 
     loaded = load_recipe(RECIPES / f"{recipe}.yaml", sets)
     layers = model_dims(loaded, build_config(loaded, None)).n_layers
-    return graphs * compile_seconds_per_graph("native", layers)
+    return graphs * compile_seconds_per_graph(cost_key("native"), layers)
 
 
 def main() -> int:

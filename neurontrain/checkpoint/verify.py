@@ -14,7 +14,7 @@ from neurontrain.checkpoint.matching import MappedSource, model_from_config
 from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.opening import open_checkpoint
 from neurontrain.errors import UsageError
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 DIFF_CHUNK_ELEMENTS = 1 << 24

@@ -15,7 +15,7 @@ from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.store import parse_duration
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)

@@ -21,7 +21,7 @@ from neurontrain.compile.precompile import precompile
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)

@@ -35,7 +35,7 @@ from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.neff_cache import NEFF_ARCHIVE, neff_files, point_neff_cache, restore_neffs
 from neurontrain.compile.store import ENTRY_RECORD, LocalEntry, sha256_file
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 log = get_logger(__name__)
 

@@ -33,10 +33,10 @@ from neurontrain.data.batching import IndexBatch
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.model import build_model, move_to_device
-from neurontrain.loop.packed import prepare_packed_classifier
-from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.zero1 import build_strategy
+from neurontrain.loop.strategies import build_strategy
+from neurontrain.model.build import build_model, move_to_device
+from neurontrain.model.packed import prepare_packed_classifier
+from neurontrain.plan.planning import RunPlan
 
 
 @dataclass

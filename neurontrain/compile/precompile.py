@@ -14,7 +14,7 @@ from neurontrain.compile.manifest import GraphRecord, Manifest, manifest_path, s
 from neurontrain.compile.neuron_runtime import Extractor
 from neurontrain.compile.runtime_compile import compile_modules
 from neurontrain.health.worker import device_checks
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 
 @dataclass

@@ -6,10 +6,17 @@ import random
 from conftest import RECIPES
 
 from neurontrain.backends.hosts import native_device_type
-from neurontrain.data.buckets import StepCostModel, choose_buckets, training_flops_per_token
-from neurontrain.loop.cost_model import COMPILE_PER_LAYER, COST_DEFAULTS, compile_seconds_per_graph
-from neurontrain.loop.plan_description import describe_plan
-from neurontrain.loop.planning import make_plan
+from neurontrain.data.buckets import (
+    COMPILE_PER_LAYER,
+    COST_DEFAULTS,
+    StepCostModel,
+    choose_buckets,
+    compile_seconds_per_graph,
+    training_flops_per_token,
+)
+from neurontrain.plan.buckets import cost_key
+from neurontrain.plan.description import describe_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 # BERT-base (110M parameters, 12 layers of 768) at batch 32 and <= 128 tokens, as measured on an H100: 39.7 s for
@@ -47,7 +54,8 @@ def test_a_short_bert_base_run_on_cuda_plans_one_bucket_where_a_flat_price_plann
 def test_the_native_price_grows_with_layers_and_eager_xla_keep_theirs():
     device = native_device_type()
     assert device == "cpu"  # this machine: no TorchNeuron, no GPU
-    assert compile_seconds_per_graph("native", 12) > compile_seconds_per_graph("native", 2)
+    assert cost_key("native") == "native-cpu" and cost_key("eager") == "eager"
+    assert compile_seconds_per_graph("native-cpu", 12) > compile_seconds_per_graph("native-cpu", 2)
     assert compile_seconds_per_graph("xla-cpu", 12) == compile_seconds_per_graph("xla-cpu", 2) == 5.0
 
 
@@ -57,6 +65,6 @@ def test_the_dry_run_shows_the_compile_estimate():
     recipe = load_recipe(RECIPES / "tiny-bert-classification.yaml", overrides)
     native = make_plan(recipe, "native")
     estimate = describe_plan(native)["compile_estimate"]
-    per_graph = compile_seconds_per_graph("native", native.dims.n_layers)
+    per_graph = compile_seconds_per_graph(cost_key("native"), native.dims.n_layers)
     assert estimate["graphs"] == len(native.expected_graphs()) > 0
     assert estimate["seconds"] == round(estimate["graphs"] * per_graph, 1)

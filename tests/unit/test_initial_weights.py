@@ -14,8 +14,7 @@ from neurontrain.checkpoint.initial import InitialCheckpoint, load_initial_weigh
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.optim import Replicated
-from neurontrain.loop.zero1 import HostZero1
+from neurontrain.loop.strategies import HostZero1, Replicated
 from neurontrain.parallel.zero1_state import chunk, numbered_state
 from neurontrain.recipe import load_recipe
 

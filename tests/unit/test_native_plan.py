@@ -11,7 +11,7 @@ from neurontrain.backends.native import CPU_TARGET, native_target
 from neurontrain.commands.arguments import backend_choices
 from neurontrain.errors import UsageError
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = [

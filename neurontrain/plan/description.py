@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 
 def describe_plan(plan: RunPlan) -> dict:
@@ -22,7 +22,7 @@ def describe_plan(plan: RunPlan) -> dict:
             "layers": plan.dims.n_layers,
             "hidden": plan.dims.hidden,
             "source": r.model.pretrained or "config",
-            "inputs": {  # as the set-up decided them from what the model accepts (loop/model_inputs.py)
+            "inputs": {  # as the set-up decided them from what the model accepts (model/inputs.py)
                 "attention_mask": plan.dims.inputs.mask,
                 "use_cache_off": plan.dims.inputs.use_cache,
                 "packs": plan.dims.inputs.unpackable or True,
