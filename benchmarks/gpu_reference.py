@@ -113,6 +113,7 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=330, help="seconds for everything: later runs are skipped")
     parser.add_argument("--out", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
+    sys.path.insert(0, str(REPO))  # the planner's estimate comes from this checkout, installed or not
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
