@@ -40,7 +40,7 @@ OVERRIDES = ["data.buckets=[32,64,128]", "data.train_samples=1500"]
 
 
 def _plan(world: int = 2):
-    from neurontrain.loop.planning import make_plan
+    from neurontrain.plan.planning import make_plan
     from neurontrain.recipe import load_recipe
 
     return make_plan(load_recipe(str(RECIPE), OVERRIDES), "xla-cpu", world=world)

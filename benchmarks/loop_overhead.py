@@ -48,9 +48,9 @@ def hand_loop(steps: int, log_every: int) -> float:
     import torch_xla.distributed.parallel_loader as pl
 
     from neurontrain.data.collate import Collator
-    from neurontrain.loop.model import build_model, model_inputs
     from neurontrain.loop.optim import build_optimizer, build_scheduler
-    from neurontrain.loop.planning import make_plan
+    from neurontrain.model.build import build_model, model_inputs
+    from neurontrain.plan.planning import make_plan
     from neurontrain.recipe import load_recipe
 
     recipe = load_recipe(RECIPE, overrides(steps, log_every))

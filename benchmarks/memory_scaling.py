@@ -44,7 +44,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

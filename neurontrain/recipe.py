@@ -173,6 +173,10 @@ class RuntimeSpec(_Strict):
     neuron_target: Literal["auto", "trn1", "trn2", "trn3"] = "auto"  # auto: the runtime's own (the host's)
     collective_timeout: float = Field(600.0, gt=0)  # seconds a worker waits in a collective or barrier
     device_memory_gib: float | None = Field(None, gt=0)  # one core's memory for the planner (default: the target's)
+    # float32 matmuls (torch.set_float32_matmul_precision, set once per process): "high" lets CUDA use TF32
+    matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    # native: torch.compile(fullgraph=...); None: the device target's default (TorchNeuron's docs recommend True)
+    fullgraph: bool | None = None
 
 
 class ParallelSpec(_Strict):

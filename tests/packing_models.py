@@ -12,14 +12,14 @@ from dataclasses import dataclass
 import torch
 from families import ENCODERS, tiny_config
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.data.batching import IndexBatch, fixed_batches
 from neurontrain.data.collate import IGNORE_INDEX, Collator
 from neurontrain.data.packing import Packing
-from neurontrain.loop.input_probe import probe_model_inputs
-from neurontrain.loop.model import SPECIAL_IDS, ModelDims
-from neurontrain.loop.packed import packed_hidden_states
 from neurontrain.loop.steps import forward
+from neurontrain.model.build import SPECIAL_IDS, ModelDims
+from neurontrain.model.input_probe import probe_model_inputs
+from neurontrain.model.packed import packed_hidden_states
 
 CLM, CLS = "causal-lm", "sequence-classification"
 ROW_LENGTH, ROWS, MAX_DOCS, VOCAB, PAD_ID, NUM_LABELS = 32, 2, 4, 96, 0, 3

@@ -7,7 +7,7 @@ import time
 
 from packing_models import equivalence, first_documents, isolation, tiny_model
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 
 
 def main() -> None:

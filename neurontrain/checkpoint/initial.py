@@ -25,7 +25,7 @@ from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
 from neurontrain.checkpoint.opening import open_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.loop.zero1 import Strategy
+from neurontrain.loop.strategies import Strategy
 from neurontrain.parallel.zero1_state import numbered_state
 
 log = get_logger(__name__)

@@ -20,8 +20,8 @@ from neurontrain.checkpoint.nxd import NxdReader, is_nxd_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.loop.strategies import Strategy
 from neurontrain.loop.tp_workers import TensorParallelWorkers
-from neurontrain.loop.zero1 import Strategy
 from neurontrain.parallel.nxd_layout import rank_file, unfuse_rank
 from neurontrain.parallel.rules import piece_of, rule_for
 from neurontrain.parallel.tensor_parallel import model_spec

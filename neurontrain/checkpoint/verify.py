@@ -15,7 +15,7 @@ from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.opening import open_checkpoint
 from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.errors import UsageError
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 DIFF_CHUNK_ELEMENTS = 1 << 24

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
-from neurontrain.backend import BACKENDS
+from neurontrain.backends import BACKENDS
 
 Options = TypeVar("Options")
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from neurontrain.backend import backend_for, resolve_backend_name
+from neurontrain.backends import backend_for, resolve_backend_name
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile import cache as compile_cache
 from neurontrain.compile.importer import import_runtime_cache
@@ -15,7 +15,7 @@ from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.store import parse_duration
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from neurontrain.backend import neuron_runtime_present, package_versions, select_backend
+from neurontrain.backends import neuron_runtime_present, package_versions, select_backend
 from neurontrain.commands.arguments import add_backend_argument
 from neurontrain.compile.cache import default_local
 from neurontrain.compile.runtime_cache import runtime_cache_location

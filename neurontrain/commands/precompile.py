@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neurontrain.backend import backend_for, neuron_runtime_present
+from neurontrain.backends import backend_for, neuron_runtime_present
 from neurontrain.commands.arguments import add_recipe_arguments, recipe_overrides
 from neurontrain.compile.cache import Cache, resolve_cache
 from neurontrain.compile.discover import run_plan_id
@@ -21,7 +21,7 @@ from neurontrain.compile.precompile import precompile
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import Recipe, load_recipe
 
 log = get_logger(__name__)

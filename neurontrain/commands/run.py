@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backends import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.commands.arguments import (
     add_run_arguments,
@@ -25,8 +25,8 @@ from neurontrain.launch.ray_train import check_ray_options, train_on_ray
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
-from neurontrain.loop.plan_description import describe_plan
-from neurontrain.loop.planning import RunPlan, make_plan
+from neurontrain.plan.description import describe_plan
+from neurontrain.plan.planning import RunPlan, make_plan
 from neurontrain.recipe import load_recipe
 
 log = get_logger(__name__)

@@ -14,7 +14,7 @@ from neurontrain.compile.s3 import S3Store
 from neurontrain.compile.store import local_entries, parse_duration, remove_entry, verify_local
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 
 log = get_logger(__name__)
 

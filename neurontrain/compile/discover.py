@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend, package_versions
+from neurontrain.backends import Backend, package_versions
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
 from neurontrain.data.batching import IndexBatch
@@ -23,10 +23,10 @@ from neurontrain.data.collate import Collator
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.model import build_model, move_to_device
 from neurontrain.loop.optim import build_optimizer, build_scheduler, materialize_optimizer_state
-from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.zero1 import Strategy, build_strategy
+from neurontrain.loop.strategies import Strategy, build_strategy
+from neurontrain.model.build import build_model, move_to_device
+from neurontrain.plan.planning import RunPlan
 
 
 def run_plan_id(plan: RunPlan, backend: str) -> str:

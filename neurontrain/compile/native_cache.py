@@ -12,9 +12,8 @@ Entry layout (a directory entry of the store, compile/store.py):
   native/<recipe>-<key>/entry.json              what the entry holds (plan id, graph keys, versions)
   native/<recipe>-<key>/.neurontrain-entry.json sha256 and size of both files: checked before loading
 
-CPU (inductor) only. On a TorchNeuron host the neuron backend keeps its own NEFF cache, whose configuration
-Neuron documents in its torch.compile backend reference ("caching configuration"); keeping that cache is not
-built and unverified here (no trn2/trn3 host), so precompile refuses there and run loads nothing.
+On TorchNeuron (device `neuron`) the entry also carries the NEFF cache directory as `neff.tar`
+(compile/neff_cache.py): restored into TORCH_NEURONX_NEFF_CACHE_DIR before the first compile.
 """
 
 from __future__ import annotations
@@ -33,9 +32,10 @@ from typing import Any
 
 from neurontrain.compile.cache import Cache
 from neurontrain.compile.discover import run_plan_id
+from neurontrain.compile.neff_cache import NEFF_ARCHIVE, neff_files, point_neff_cache, restore_neffs
 from neurontrain.compile.store import ENTRY_RECORD, LocalEntry, sha256_file
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 log = get_logger(__name__)
 
@@ -85,12 +85,15 @@ def counts_since(before: dict[str, int]) -> dict[str, int]:
     return {k: now[k] - before.get(k, 0) for k in now}
 
 
-def write_entry(root: Path, path: str, artifacts: bytes, meta: dict) -> Path:
-    """Write the entry with its sha256 record, atomically (a directory renamed into place); replaces one there."""
+def write_entry(root: Path, path: str, artifacts: bytes, meta: dict, neffs: bytes | None = None) -> Path:
+    """Write the entry with its sha256 record, atomically (a directory renamed into place); replaces one there.
+    neffs: TorchNeuron's NEFF cache directory as an archive (compile/neff_cache.py)."""
     final = root / path
     staging = root / NATIVE_DIR / f".write-{uuid.uuid4().hex}"
     staging.mkdir(parents=True)
     (staging / ARTIFACTS).write_bytes(artifacts)
+    if neffs is not None:
+        (staging / NEFF_ARCHIVE).write_bytes(neffs)
     (staging / META).write_text(json.dumps(meta, indent=2))
     record = LocalEntry(path, staging, False).record()
     (staging / ENTRY_RECORD).write_text(json.dumps(record))
@@ -164,28 +167,45 @@ class NativeCacheUse:
     load: NativeLoad
     pulled: dict | None
     before: dict[str, int]
+    neff_dir: Path | None = None  # TorchNeuron: its NEFF cache directory, and the files there at the start
+    neffs_before: int = 0
+    neffs_restored: int = 0
 
     @classmethod
     def start(cls, cache: Cache, plan: RunPlan, device_type: str, compiler: str) -> NativeCacheUse:
+        """Pull and load the plan's entry before the first compile; on TorchNeuron point its NEFF cache under the
+        compile cache and restore the entry's NEFFs there."""
         path = native_entry_path(plan, device_type, compiler)
+        neff_dir = point_neff_cache(os.environ, cache.local) if device_type == "neuron" else None
         pulled = cache.pull_paths({path})
         load = load_entry(cache.local, path)
+        restored = 0
         if load.refused:
             log.warning(f"compile cache: refused {path}: {load.refused}; not loaded, the run compiles its graphs")
         elif load.loaded:
             log.info(f"compile cache: loaded {load.artifacts} compile artifacts from {cache.local / path}")
-        return cls(load, pulled, counts_now())
+            if neff_dir is not None and (cache.local / path / NEFF_ARCHIVE).is_file():
+                restored = restore_neffs(cache.local / path / NEFF_ARCHIVE, neff_dir)
+        neffs = len(neff_files(neff_dir)) if neff_dir is not None else 0
+        return cls(load, pulled, counts_now(), neff_dir, neffs, restored)
 
     def finish(self) -> dict:
         """The summary's `compile_cache["native"]`: the entry, whether it loaded, and the counters of the run:
         graphs_from_cache / graphs_compiled are AOTAutograd's cache hits / misses, one per TorchDynamo graph."""
         counts = counts_since(self.before)
-        return {
+        out = {
             **self.load.to_json(),
             "graphs_from_cache": counts["autograd_cache_hit"],
             "graphs_compiled": counts["autograd_cache_miss"] + counts["autograd_cache_bypass"],
             "counters": counts,
         }
+        if self.neff_dir is not None:  # TorchNeuron: files its compiles added to the NEFF cache directory
+            out["neff_cache"] = {
+                "dir": str(self.neff_dir),
+                "restored": self.neffs_restored,
+                "compiled": len(neff_files(self.neff_dir)) - self.neffs_before,
+            }
+        return out
 
 
 def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) -> dict:

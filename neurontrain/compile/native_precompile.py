@@ -11,13 +11,14 @@ recipe's precision. AdamW, the schedule and clipping run eagerly on native: no g
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend, package_versions
+from neurontrain.backends import Backend, package_versions
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.native_cache import (
     ARTIFACTS,
@@ -27,14 +28,15 @@ from neurontrain.compile.native_cache import (
     native_entry_path,
     write_entry,
 )
+from neurontrain.compile.neff_cache import archive_neffs, point_neff_cache
 from neurontrain.data.batching import IndexBatch
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.model import build_model, move_to_device
-from neurontrain.loop.packed import prepare_packed_classifier
-from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.zero1 import build_strategy
+from neurontrain.loop.strategies import build_strategy
+from neurontrain.model.build import build_model, move_to_device
+from neurontrain.model.packed import prepare_packed_classifier
+from neurontrain.plan.planning import RunPlan
 
 
 @dataclass
@@ -99,10 +101,10 @@ def _run_key(plan: RunPlan, backend: Backend, model: torch.nn.Module, key: tuple
 
 def check_native_precompile(plan: RunPlan, backend: Backend) -> None:
     """UsageError for what the native precompile does not do."""
-    if backend.compiler != "inductor":
+    if backend.compiler not in ("inductor", "neuron"):
         raise UsageError(
-            f"precompile --backend native with torch.compile backend {backend.compiler!r}: keeping the neuron "
-            "backend's own compile cache is not built (only inductor's artifacts on the CPU are)"
+            f"precompile --backend native with torch.compile backend {backend.compiler!r}: only inductor's "
+            "artifacts and TorchNeuron's NEFF cache are kept"
         )
     if plan.world > 1:
         raise UsageError("precompile --backend native: one worker only (the native backend trains on one for now)")
@@ -120,11 +122,14 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         report.artifact_bytes = (cache_root / path / ARTIFACTS).stat().st_size
         report.seconds = time.perf_counter() - start
         return report
+    neff_dir = point_neff_cache(os.environ, cache_root) if backend.native_device == "neuron" else None
+    alone = DataParallel(0, plan.world)
+    alone.start(backend, plan.recipe.runtime.collective_timeout)  # TorchNeuron: its group before the device
     model = build_model(plan.recipe, plan.config)
     move_to_device(model, backend.device)
     prepare_packed_classifier(model, plan.recipe.task, plan.packing)
     backend.compile_model(model, len(keys))
-    build_strategy(plan, model, backend, DataParallel(0, plan.world)).materialize()
+    build_strategy(plan, model, backend, alone).materialize()
     before, graphs_before = counts_now(), backend.compile_count()
     for key in keys:
         t0 = time.perf_counter()
@@ -152,7 +157,8 @@ def precompile_native(plan: RunPlan, backend: Backend, cache_root: Path) -> Nati
         "versions": {k: v for k, v in package_versions().items() if k in ("torch", "transformers")},
         "artifacts": {kind: len(names) for kind, names in saved[1].artifacts.items()},
     }
-    write_entry(cache_root, path, artifacts, meta)
+    write_entry(cache_root, path, artifacts, meta, archive_neffs(neff_dir) if neff_dir is not None else None)
+    alone.close()
     report.artifact_bytes = len(artifacts)
     report.seconds = time.perf_counter() - start
     return report

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from neurontrain.backend import neuron_runtime_present
+from neurontrain.backends import neuron_runtime_present
 from neurontrain.compile.runtime_cache import (
     EXTRACT_ENV,
     CacheLocation,

@@ -8,13 +8,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.compile.discover import discover
 from neurontrain.compile.manifest import GraphRecord, Manifest, manifest_path, save_manifest
 from neurontrain.compile.neuron_runtime import Extractor
 from neurontrain.compile.runtime_compile import compile_modules
 from neurontrain.health.worker import device_checks
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 
 @dataclass

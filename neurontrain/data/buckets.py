@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -53,6 +53,60 @@ class StepCostModel:
 def training_flops_per_token(n_params: int, n_layers: int, hidden: int) -> tuple[float, float]:
     """(dense FLOPs per token, attention FLOPs per token per position) for forward+backward."""
     return 6.0 * n_params, 12.0 * n_layers * hidden
+
+
+# Defaults for the cost model, per backend (the native backend per device target: `native-<device>`): (seconds
+# per compiled graph, FLOP/s, seconds per step, saturation tokens per step). XLA:CPU figures were fitted here to
+# tiny-BERT step times at lengths 16..256 (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token);
+# Neuron and XLA:CUDA figures are planning estimates (Neuron graphs take minutes to compile) that a recipe can
+# override under data.auto_buckets. A native graph's compile grows with the model's layers: COMPILE_PER_LAYER.
+COST_DEFAULTS = {
+    "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
+    "xla-cuda": (20.0, 5e13, 0.005, 8192),
+    "neuron": (300.0, 4e13, 0.01, 4096),
+    # inductor on the CPU: tiny BERT (2 layers) compiled its train graph in 23 to 58 s on 2 shared, busy cores
+    "native-cpu": (8.0, 3.2e10, 0.02, 1024),
+    # inductor on an H100 (torch 2.11): ~7.5-11.5 s a tiny-recipe graph (2 layers), 39.7 s for BERT-base's (12);
+    # eager BERT-base trained 13,978 real tokens/s there (about 9e12 FLOP/s at 6 x parameters a token)
+    "native-cuda": (3.5, 1e13, 0.01, 8192),
+    # TorchNeuron (neuronx-cc behind torch.compile): no trn2 here; planned like Neuron's XLA graphs
+    "native-neuron": (300.0, 4e13, 0.01, 4096),
+}
+COMPILE_PER_LAYER = {"native-cpu": 8.0, "native-cuda": 3.0}  # seconds a graph per transformer layer
+
+
+def compile_seconds_per_graph(cost_key: str, n_layers: int) -> float:
+    """The default seconds to compile one graph of an n_layers model under a cost key (a backend name, or
+    `native-<device>`)."""
+    base = COST_DEFAULTS.get(cost_key, COST_DEFAULTS["xla-cpu"])[0]
+    return base + COMPILE_PER_LAYER.get(cost_key, 0.0) * n_layers
+
+
+def default_cost_model(
+    backend: str,
+    *,
+    n_params: int,
+    n_layers: int,
+    hidden: int,
+    batch_size: int,
+    overrides: Mapping[str, float | None] | None = None,
+) -> StepCostModel:
+    """`backend`'s cost model for a model of these dimensions, with the figures `overrides` sets (a recipe's
+    data.auto_buckets). `backend` is a cost key: a backend name or `native-<device>`. Eager plans with XLA:CPU's
+    figures: eager is the reference run for an XLA run and must plan the same buckets."""
+    _, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
+    compile_s = compile_seconds_per_graph(backend, n_layers)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    dense, attention = training_flops_per_token(n_params, n_layers, hidden)
+    return StepCostModel(
+        compile_seconds=given.get("compile_seconds", compile_s),
+        flops_per_second=given.get("flops_per_second", flops),
+        step_overhead_seconds=given.get("step_overhead_seconds", overhead),
+        flops_per_token=dense,
+        attention_flops_per_token_per_position=attention,
+        batch_size=batch_size,
+        saturation_tokens=int(given.get("saturation_tokens", saturation)),
+    )
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,6 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neurontrain.data.buckets import StepCostModel
-
 
 @dataclass(frozen=True)
 class Packing:
@@ -75,42 +73,3 @@ def document_spans(lengths: Sequence[int], row_length: int) -> list[tuple[int, i
         spans.append((start, length))
         start += length
     return spans
-
-
-def docs_limit(shortest: int, row_length: int, cap: int = 64) -> int:
-    """The documents a row may hold when the recipe does not say: as many of the shortest sample as fit, at
-    most `cap` (each is one slot of the per-document outputs, padding included)."""
-    return max(1, min(cap, row_length // max(shortest, 1)))
-
-
-@dataclass(frozen=True)
-class PackingEstimate:
-    """What packing one epoch of these samples gives, and the cost model's seconds for packed steps that cover
-    the samples of `planned_batches` unpacked batches (batches of batch_size samples there, of rows here)."""
-
-    rows: int
-    samples: int
-    padding_fraction: float
-    steps: float
-    seconds: float
-    compile_seconds: float
-
-    @property
-    def documents_per_row(self) -> float:
-        return self.samples / self.rows if self.rows else 0.0
-
-
-def estimate_packing(
-    lengths: Sequence[int], packing: Packing, *, planned_batches: int, graphs: int, cost: StepCostModel
-) -> PackingEstimate:
-    rows = pack_rows(lengths, range(len(lengths)), packing)
-    steps = planned_batches * len(rows) / max(len(lengths), 1)
-    compile_seconds = graphs * cost.compile_seconds
-    return PackingEstimate(
-        rows=len(rows),
-        samples=len(lengths),
-        padding_fraction=packed_padding_fraction(lengths, rows, packing.row_length),
-        steps=steps,
-        seconds=compile_seconds + steps * cost.step_seconds(packing.row_length),
-        compile_seconds=compile_seconds,
-    )

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neurontrain.backend import neuron_devices, resolve_backend_name
+from neurontrain.backends import resolve_backend_name
+from neurontrain.backends.hosts import native_device_type
 from neurontrain.errors import UsageError
 from neurontrain.health.nccom import NccomMode, expected_sizes, nccom_command, nccom_mode, with_root_comm
 from neurontrain.health.parsers import OPS, parse_nccom_test, parse_neuron_ls, read_ecc, verdict
-from neurontrain.native import torchneuron_host
 from neurontrain.processes import end_marked, find_marked, new_marker, proc_state
 
 STALL_SECONDS = 3.0  # a worker stopped (state T) this long is hung
@@ -159,9 +159,10 @@ def _device_problems(device: dict | None, local: range) -> list[dict]:
 
 
 def workers_share_the_host(backend: str) -> bool:
-    """XLA:CPU, eager on a CPU-only host and native on the CPU: every local worker runs on the host CPU."""
+    """XLA:CPU, eager on a CPU-only host and native on the CPU: every local worker runs on the host CPU (native
+    on CUDA or TorchNeuron: each worker has its own device, checked in that worker after its process group)."""
     if backend == "native":
-        return not torchneuron_host(neuron_devices())
+        return native_device_type() == "cpu"
     return backend in ("xla-cpu", "eager")
 
 

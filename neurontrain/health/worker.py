@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import first_line
 from neurontrain.fileio import write_json_atomic
 from neurontrain.health.parsers import OPS, bandwidths
@@ -97,11 +97,11 @@ def device_checks(
         return torch.equal(got, want), "bf16 multiply-add differs from CPU"
 
     def count():
-        found = device_count(backend)
+        found = backend.device_count()
         return found == expect_devices, f"expected {expect_devices} devices per worker, found {found}"
 
     checks = [("device matmul", matmul), ("device reductions", reductions), ("device bf16", bf16)]
-    if compiler and backend.is_native:
+    if compiler and backend.compiler is not None:
         checks.append(("device compile", lambda: compile_check(backend, a, b)))
     if expect_devices is not None:
         checks.append(("device count", count))
@@ -135,17 +135,6 @@ def compile_check(backend, a: torch.Tensor, b: torch.Tensor) -> tuple[bool, str]
     got = torch.compile(fn, backend=backend.compiler, dynamic=False)(a.to(device), b.to(device)).cpu()
     err = (got - fn(a, b)).abs().max().item()
     return err < 1e-3, f"compiled function differs from eager on the CPU by {err:.3g}"
-
-
-def device_count(backend) -> int:
-    """Devices this worker can address."""
-    if backend.is_xla:
-        import torch_xla.runtime as xr  # lazy: importing torch_xla starts a runtime
-
-        return xr.addressable_runtime_device_count()
-    if backend.is_native and backend.native_device != "cpu":
-        return torch.accelerator.device_count()
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
 def expected_pattern(numel: int, rank: int, dtype):
@@ -269,16 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(Path(args.work_dir), rank)
     ok = True
     backend = select_backend(args.backend)
+    # The process group first, then the device: TorchNeuron's `neuron` group assigns this worker its cores
+    # (NEURON_RT_VISIBLE_CORES from LOCAL_RANK) and refuses a runtime already started; a device touched before
+    # it would start the runtime on every core. native: the device's own process-group backend on device
+    # tensors (gloo on the CPU); the XLA backends' host-side gloo group otherwise, as their training uses it.
+    reporter.start("rendezvous")
+    dist.init_process_group(backend.process_group, timeout=timedelta(seconds=args.timeout))
+    reporter.finish({"check": "rendezvous", "ok": True})
+    device = backend.device if backend.collectives_on_device else None
     if args.skip_device:
         reporter.state["device"] = "the host CPU, shared by all local workers: checked once by the coordinator"
     else:
         ok &= all(r["ok"] for r in device_checks(backend, args.expect_devices, reporter, compiler=True))
-    # native: the device's own process-group backend on device tensors (gloo on the CPU, `neuron` on
-    # TorchNeuron); the XLA backends' host-side gloo group otherwise, as their training uses it for host tensors
-    collectives, device = (backend.collectives, backend.device) if backend.is_native else ("gloo", None)
-    reporter.start("rendezvous")
-    dist.init_process_group(collectives, timeout=timedelta(seconds=args.timeout))
-    reporter.finish({"check": "rendezvous", "ok": True})
     sizes = [int(s) for s in args.sizes.split(",")]
     ok &= collective_checks(reporter, sizes, args.iters, args.warmup, device)
     if reporter.state["state"] != "failed":

@@ -7,7 +7,7 @@ before any worker starts, and bad input still exits 2 there.
 
 from __future__ import annotations
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backends import resolve_backend_name
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.errors import UsageError
 from neurontrain.recipe import Recipe, load_recipe

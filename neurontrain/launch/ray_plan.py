@@ -7,7 +7,7 @@ import itertools
 
 from neurontrain.data.service import LABEL_KEY, data_cpus_needed
 from neurontrain.launch.instances import INSTANCES
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 
 def lockstep(plan: RunPlan) -> dict:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neurontrain.backend import resolve_backend_name
+from neurontrain.backends import resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.data.ray_service import ServedData, import_ray, prepare_on_data_nodes, selector
 from neurontrain.errors import UsageError
@@ -25,7 +25,7 @@ from neurontrain.launch.ray_cluster import check_roles, join_cluster, placement
 from neurontrain.launch.run import train_as_worker
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)

@@ -1,4 +1,5 @@
-"""Training a recipe: in this process, as this node's workers under torchrun, or as one of those workers.
+"""Training a recipe: in this process, as this node's workers under torchrun, or as one of those workers, each
+through the same set-up (`launch/setup.py`).
 
 The launching process pulls the compile cache once for the node before any worker starts and pushes after;
 the summary it prints and keeps is a `RunSummary` with the cache counters added.
@@ -8,30 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neurontrain.backend import Backend, backend_for, resolve_backend_name
+from neurontrain.backends import Backend, backend_for, resolve_backend_name
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.checkpoint.initial_tp import initial_loaders
-from neurontrain.compile.cache import resolve_cache
-from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.graphs import graph_hlo, graph_id
-from neurontrain.compile.manifest import load_manifest, manifest_path
-from neurontrain.compile.native_cache import NativeCacheUse
-from neurontrain.compile.neuron_runtime import attach_runtime
-from neurontrain.compile.runtime_cache import CacheLocation, extraction_mode, gained_neff, scan_modules
+from neurontrain.compile.runtime_cache import extraction_mode
 from neurontrain.data.ray_service import ServedData
-from neurontrain.health.preflight import preflight
 from neurontrain.launch.elastic import check_master_address, launch
+from neurontrain.launch.setup import NodeCache, RunSetup, announce, say_extraction
 from neurontrain.launch.topology import Topology
-from neurontrain.logs import get_logger
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.plan_description import describe_plan
-from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.loop.tp_workers import join_tensor_parallel
 from neurontrain.loop.trainer import BatchSource, Trainer
+from neurontrain.plan.planning import RunPlan
 from neurontrain.recipe import Recipe
-
-log = get_logger(__name__)
 
 
 def train_single(
@@ -40,28 +32,17 @@ def train_single(
     """Train in this process; returns the summary (also in output_dir/summary.json unless extracting).
     init_from: a checkpoint to take the starting weights (and optimizer state) from."""
     backend = backend_for(recipe.runtime)
-    cache = resolve_cache(recipe.runtime.compile_cache)
-    location = attach_runtime(cache, recipe.runtime)
-    _say_extraction()
-    plan = make_plan(recipe, backend.name)
-    native = NativeCacheUse.start(cache, plan, backend.native_device, backend.compiler) if backend.is_native else None
-    pulled = native.pulled if native else cache.pull_before(recipe.name, run_plan_id(plan, backend.name))
-    modules_before = _modules(location)
-    if recipe.runtime.preflight and preflight_check:
-        preflight(backend, recipe, DataParallel(), output_dir)
-    _announce(plan, backend.name, output_dir)
-    manifest = _manifest_ids(plan, backend.name, cache.local)
-    trainer = _trainer(plan, backend, output_dir, manifest, DataParallel(), init_from)
-    summary = trainer.run()
-    pushed = cache.push_after()
-    changed = False
-    if pulled is not None or pushed is not None or native is not None:
-        summary.compile_cache, changed = {"pulled": pulled, "pushed": pushed}, True
-    if native is not None:
-        summary.compile_cache["native"] = native.finish()
-    if location is not None:
-        summary.neuron_cache, changed = neuron_cache_counters(location, modules_before, summary.compilations), True
-    if changed and not extraction_mode():
+    setup = RunSetup(recipe, backend.name)
+    say_extraction()
+    plan = setup.plan()
+    node = NodeCache.start(setup, plan, backend)
+    dp = DataParallel()
+    dp.start(backend, recipe.runtime.collective_timeout)  # a process group of one where the device needs it
+    setup.preflight(backend, dp, output_dir, preflight_check)
+    announce(plan, backend.name, output_dir)
+    summary = _trainer(plan, backend, output_dir, setup.manifest(plan, dp), dp, init_from).run()
+    dp.close()
+    if node.finish(summary, cache_counters=True) and not extraction_mode():
         summary.write(output_dir)
     return summary
 
@@ -70,19 +51,14 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     """Start this node's workers (`python -m neurontrain <worker_argv>`) and wait for them. Validates the whole
     job first (bad input exits 2 before any worker starts). Returns the summary on node 0."""
     check_master_address(topology)
-    backend = resolve_backend_name(recipe.runtime.backend)
-    plan = make_plan(recipe, backend, world=topology.world)
-    _announce(plan, backend, output_dir)
-    cache = resolve_cache(recipe.runtime.compile_cache)
-    location = attach_runtime(cache, recipe.runtime)  # exported to the workers through the environment
-    _say_extraction()
-    cache.pull_before(recipe.name, run_plan_id(plan, backend))
-    modules_before = _modules(location)
+    setup = RunSetup(recipe, resolve_backend_name(recipe.runtime.backend))
+    say_extraction()
+    plan = setup.plan(world=topology.world)
+    announce(plan, setup.backend, output_dir)
+    node = NodeCache.start(setup, plan)
     launch(topology, worker_argv)
-    cache.push_after()
     summary = read_summary(output_dir) if topology.node_rank == 0 else None
-    if summary is not None and location is not None:
-        summary.neuron_cache = neuron_cache_counters(location, modules_before, summary.compilations)
+    if node.finish(summary, cache_counters=False):
         summary.write(output_dir)
     return summary
 
@@ -99,39 +75,17 @@ def train_as_worker(
     service: the training batches come from a data service; planning uses the lengths it sent."""
     dp = DataParallel.from_env()
     backend = backend_for(recipe.runtime)
-    cache = resolve_cache(recipe.runtime.compile_cache)
-    attach_runtime(cache, recipe.runtime)
+    setup = RunSetup(recipe, backend.name)
     dp.start(backend, recipe.runtime.collective_timeout)
     try:
-        if recipe.runtime.preflight and preflight_check:
-            preflight(backend, recipe, dp, output_dir)
-        plan = make_plan(recipe, backend.name, world=dp.world, data=service.lengths if service else None)
-        manifest = _manifest_ids(plan, backend.name, cache.local) if dp.is_master else None
-        if dp.enabled:
-            manifest = dp.all_gather_object(manifest)[0]
+        setup.preflight(backend, dp, output_dir, preflight_check)
+        plan = setup.plan(world=dp.world, data=service.lengths if service else None)
+        manifest = setup.manifest(plan, dp)
         workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
         source = service.source_for(plan.collation(workers.rank)) if service is not None else None
         return _trainer(plan, backend, output_dir, manifest, workers, init_from, source).run()
     finally:
         dp.close()
-
-
-def neuron_cache_counters(location: CacheLocation, before: dict | None, compilations: int) -> dict:
-    """Graphs the runtime compiled during the run (modules that gained a NEFF) and graphs it loaded from its
-    cache (the run's compilations less those)."""
-    out = {"root": location.root, "source": location.source}
-    if before is not None:
-        compiled = gained_neff(before, scan_modules(Path(location.root)))
-        out.update(
-            compiled_at_run_time=len(compiled),
-            cache_hits=max(compilations - len(compiled), 0),
-            modules_compiled=compiled,
-        )
-    return out
-
-
-def _modules(location: CacheLocation | None) -> dict | None:
-    return scan_modules(Path(location.root)) if location is not None and location.is_local else None
 
 
 def _trainer(
@@ -154,36 +108,3 @@ def _trainer(
         batch_source=batch_source,
         **({} if init_from is None else initial_loaders(init_from, dp)),
     )
-
-
-def _announce(plan: RunPlan, backend: str, output_dir: Path) -> None:
-    described = describe_plan(plan)
-    workers = (
-        f", {plan.world} workers x batch {described['per_worker_batch']} x accumulation "
-        f"{described['grad_accum']} = {described['effective_batch']} a step"
-        if plan.world > 1
-        else ""
-    )
-    log.info(
-        f"{plan.recipe.name} on {backend}: {plan.recipe.train.max_steps} steps{workers}, buckets "
-        f"{described['buckets']['used']} ({plan.bucket_mode}), {len(described['expected_graphs'])} planned graphs, "
-        f"output {output_dir}"
-    )
-    if plan.memory is not None:
-        log.info(plan.memory.summary())
-
-
-def _manifest_ids(plan: RunPlan, backend: str, cache_local: Path) -> set[str] | None:
-    manifest = load_manifest(manifest_path(cache_local, plan.recipe.name, run_plan_id(plan, backend)))
-    if manifest is None:
-        return None
-    log.info(f"checking graphs against the precompile manifest ({len(manifest.graphs)} graphs)")
-    return manifest.graph_ids()
-
-
-def _say_extraction() -> None:
-    if extraction_mode():
-        log.info(
-            "NEURON_EXTRACT_GRAPHS_ONLY is set: the runtime only extracts graphs and every value is fake, so this "
-            "run writes no checkpoint, model, metrics or summary"
-        )

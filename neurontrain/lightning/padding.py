@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from neurontrain.data.buckets import StepCostModel, bucket_for, choose_buckets, round_up, training_flops_per_token
+from neurontrain.data.buckets import bucket_for, choose_buckets, default_cost_model, round_up
 from neurontrain.errors import UsageError
-from neurontrain.loop.planning import COST_DEFAULTS
 
 IGNORE_INDEX = -100
 DEFAULT_PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}
@@ -122,17 +121,7 @@ def auto_buckets(
     padding, so each batch counts as one sample of that length."""
     if not batch_lengths:
         raise UsageError("buckets='auto': the train loader gave no batches with a sequence dimension")
-    compile_s, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
-    dense, attention = training_flops_per_token(n_params, 0, 0)
-    cost = StepCostModel(
-        compile_seconds=compile_s,
-        flops_per_second=flops,
-        step_overhead_seconds=overhead,
-        flops_per_token=dense,
-        attention_flops_per_token_per_position=attention,
-        batch_size=batch_size,
-        saturation_tokens=saturation,
-    )
+    cost = default_cost_model(backend, n_params=n_params, n_layers=0, hidden=0, batch_size=batch_size)
     longest = round_up(max(batch_lengths), multiple)
     choice = choose_buckets(
         list(batch_lengths),

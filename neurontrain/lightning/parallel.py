@@ -28,7 +28,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from neurontrain.lightning.session import Session
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.planning import reduces_on_host
+from neurontrain.plan.planning import reduces_on_host
 
 IGNORE_KEY = "labels"
 

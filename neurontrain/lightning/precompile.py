@@ -28,7 +28,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from neurontrain.backend import package_versions
+from neurontrain.backends import package_versions
 from neurontrain.compile.cache import resolve_cache
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
 from neurontrain.compile.neuron_runtime import Extractor, check_precompile_location, prepare_runtime, toolkit_cache_dir

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from neurontrain.backend import Backend, select_backend
+from neurontrain.backends import Backend, select_backend
 
 
 def xla_backend() -> Backend:

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.lightning import runtime
 from neurontrain.lightning.padding import Padding, batch_rows, pad_batch, resize_batch, sequence_length
 from neurontrain.logs import get_logger
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.loop.summary import RunSummary
+from neurontrain.loop.summary import RunSummary, Throughput, build_summary
 
 log = get_logger(__name__)
 
@@ -163,32 +163,27 @@ class Session:
         else:
             losses = []
         padding = self.padding
-        return RunSummary(
+        return build_summary(
             recipe="lightning",
             backend=backend.name,
             steps=steps,
-            resumed_from_step=resumed_from,
-            first_loss=losses[0] if losses else None,
-            final_loss=losses[-1] if losses else None,
-            compilations=backend.compile_count() - start["compiles"],
-            compile_seconds=backend.compile_seconds() - start["compile_seconds"],
-            distinct_graphs=guard.distinct_graphs,
+            losses=losses,
+            compile_counts=(
+                backend.compile_count() - start["compiles"],
+                backend.compile_seconds() - start["compile_seconds"],
+            ),
+            guard=guard,
             expected_graphs=len(self.keys),
-            unexpected_graphs=len(guard.unexpected),
-            unexpected=guard.unexpected,
-            hidden_host_syncs=guard.hidden_syncs,
+            world=world,
+            batch=self.batch_size,
+            accum=self.accumulate,
+            throughput=Throughput(real_tokens=self.real_tokens, slot_tokens=self.slot_tokens, wall_seconds=wall),
+            resumed_from_step=resumed_from,
             checked_against_manifest=False,
-            world_size=world,
-            per_worker_batch=self.batch_size,
-            grad_accum=self.accumulate,
-            effective_batch=self.batch_size * world * self.accumulate,
             restarts=restarts,
             buckets=list(padding.buckets) if padding else [],
             bucket_mode=self.bucket_mode,
             buckets_used=sorted(self.buckets_used),
-            tokens_per_second=self.real_tokens / wall if wall > 0 else 0.0,
-            padding_fraction=1.0 - self.real_tokens / max(self.slot_tokens, 1),
-            wall_seconds=wall,
         )
 
     def host_reads(self) -> int:

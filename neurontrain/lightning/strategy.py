@@ -24,8 +24,8 @@ from neurontrain.lightning import internals, runtime
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
 from neurontrain.lightning.plan import choose_plan, eval_loader_rows
 from neurontrain.lightning.session import Session
-from neurontrain.loop.model import move_to_device
 from neurontrain.loop.optim import materialize_optimizer_state
+from neurontrain.model.build import move_to_device
 
 
 class PJRTAccelerator(Accelerator):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 
 
 @dataclass
@@ -61,9 +61,15 @@ class DataParallel:
     def start(self, backend: Backend, timeout_s: float) -> None:
         """Join the process group: gloo for host tensors on every backend; Neuron and XLA:CUDA also the xla
         backend for the in-graph gradient all-reduce."""
-        if not self.enabled or self._started:
+        if self._started:
             return
         timeout = timedelta(seconds=timeout_s)
+        if not self.enabled:
+            target = getattr(backend, "target", None)
+            if target is not None and target.process_group_first:  # TorchNeuron: its group assigns the cores
+                dist.init_process_group(backend.process_group, store=dist.HashStore(), rank=0, world_size=1)
+                self._started = True
+            return
         if backend.collectives == "xla":
             import torch_xla.distributed.xla_backend  # noqa: F401  # lazy: starts a runtime; registers "xla"
 
@@ -76,7 +82,7 @@ class DataParallel:
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"neurontrain/attempt_{self.restart}", store)
             # native: the device's own process group (gloo on the CPU, `neuron` on TorchNeuron) for DDP
-            collectives = backend.collectives if backend.is_native else "gloo"
+            collectives = backend.process_group
             dist.init_process_group(collectives, store=store, rank=rank, world_size=world, timeout=timeout)
             # host tensors and objects go through gloo: the default group when it is gloo, else a gloo group
             self._group = None if collectives == "gloo" else dist.new_group(backend="gloo", timeout=timeout)

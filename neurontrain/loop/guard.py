@@ -19,7 +19,9 @@ class RecompilationGuard:
     sync (for example `.item()` or data-dependent Python control flow inside the model).
 
     On the native backend the compile counter is TorchDynamo's graph count, and `explain` gives what
-    TorchDynamo says about the new graphs (recompile reasons, graph breaks): they go with the report.
+    TorchDynamo says about the new graphs (recompile reasons, graph breaks): they go with the report. There a
+    planned key that runs for the first time without compiling anything ran eagerly (TorchDynamo falls back to
+    eager without an error, e.g. past its `recompile_limit`): reported as a planned graph that never compiled.
     """
 
     def __init__(
@@ -33,11 +35,14 @@ class RecompilationGuard:
         explain: Callable[[], list[str]] | None = None,
         graphs_per_key: int = 1,
         compile_seconds: Callable[[], float] | None = None,
+        compiles_new_keys: bool = False,
     ) -> None:
         """known_graphs: graph ids from a precompile manifest; when given, a compiled graph must be one of them.
         explain: why the graphs since its last call compiled (each call reports only what is new).
         graphs_per_key: graphs one key compiles (native FSDP2: one per layer). compile_seconds: the backend's
-        compile-seconds counter, for the compile timeline (`timeline`: one entry per sync that compiled)."""
+        compile-seconds counter, for the compile timeline (`timeline`: one entry per sync that compiled).
+        compiles_new_keys: every planned key compiles the first time it runs (native: TorchDynamo traces it even
+        when its code comes from a cache)."""
         self.expected = set(expected)
         self.known_graphs = known_graphs
         self.mode = mode
@@ -46,6 +51,9 @@ class RecompilationGuard:
         self._report = report or log.warning
         self._explain = explain or list
         self.graphs_per_key = graphs_per_key
+        self.compiles_new_keys = compiles_new_keys
+        self.uncompiled: list[dict] = []  # planned keys that ran for the first time without a compile
+        self._ran: set[tuple] = set()
         self._last_compiles = compile_count()
         self._executes_at_start = execute_count()
         self._syncs = 0
@@ -69,6 +77,9 @@ class RecompilationGuard:
         # executions than syncs so far can only come from syncs that the loop did not make.
         extra_executions = self._executes() - self._executes_at_start - self._syncs
         why = self._explain() if new_compiles > 0 else []
+        if new_compiles == 0 and key not in self._ran:
+            self._check_compiled(key, step, shapes)
+        self._ran.add(key)
         if new_compiles > 0:
             first_time = key not in self.compiled
             self._record_compile(key, step, new_compiles, expected=first_time and key in self.expected)
@@ -118,6 +129,19 @@ class RecompilationGuard:
         entry = {"step": step, "key": [str(k) for k in key], "graphs": graphs, "expected": expected}
         self.timeline.append({**entry, "seconds": round(seconds - self._last_seconds, 4)})
         self._last_seconds = seconds
+
+    def _check_compiled(self, key: tuple, step: int, shapes: dict | None) -> None:
+        if not self.compiles_new_keys or key not in self.expected or self.mode == "off":
+            return
+        event = {"step": step, "kind": key[0], "key": list(key), "shapes": shapes or {}}
+        self.uncompiled.append(event)
+        message = (
+            f"planned graph never compiled at step {step} ({key[0]}, shapes {shapes or {}}): it ran eagerly "
+            "(TorchDynamo's silent fallback, e.g. past torch._dynamo.config.recompile_limit)"
+        )
+        if self.mode == "fail":
+            raise RecompilationError(message + " (train.recompile_guard: fail)")
+        self._report(message)
 
     @property
     def distinct_graphs(self) -> int:

@@ -17,21 +17,9 @@ from __future__ import annotations
 
 import hashlib
 
-import torch
-
-from neurontrain.backend import Backend
-
 
 def graph_seed(seed: int, step: int, micro: int, rank: int) -> int:
     """The seed of step `step`'s graph that starts with micro-batch `micro` on worker `rank`: 63 bits of a hash,
     the same in every process and Python version (torch-xla keeps the seed as a signed 64-bit integer)."""
     digest = hashlib.blake2b(f"{seed}:{step}:{micro}:{rank}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def seed_graph(backend: Backend, seed: int) -> None:
-    """Seed what the next graph draws: the XLA device's RNG, or torch's generators on the eager backend."""
-    if backend.is_xla:
-        backend.set_rng_state(seed)
-    else:
-        torch.manual_seed(seed)

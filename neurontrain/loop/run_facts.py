@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.planning import RunPlan
 from neurontrain.loop.summary import instance_type
+from neurontrain.plan.planning import RunPlan
 from neurontrain.recipe import Recipe
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from neurontrain.loop.model import ModelDims, eval_statistics, model_inputs
-from neurontrain.loop.packed import packed_classification
+from neurontrain.model.build import ModelDims, eval_statistics, model_inputs
+from neurontrain.model.packed import packed_classification
 from neurontrain.recipe import Recipe
 
 

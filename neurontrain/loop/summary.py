@@ -1,6 +1,7 @@
 """`summary.json`: the one definition of what a run reports when it ends.
 
-The trainer fills a `RunSummary`; `run` adds the cache counters, prints `CONSOLE_FIELDS` as one JSON line
+The trainer and the Lightning session both make theirs with `build_summary`, the one place that fills the
+fields from what a run measured; `run` adds the cache counters, prints `CONSOLE_FIELDS` as one JSON line
 and writes the whole summary atomically. docs/outputs.md's table of fields is `fields_table()` (a test checks
 that the two agree).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.fileio import write_file_atomic
+from neurontrain.loop.guard import RecompilationGuard
 
 
 @dataclass(kw_only=True)
@@ -35,6 +37,7 @@ class RunSummary:
     expected_graphs: int  # graph keys the plan expected
     unexpected_graphs: int  # graphs the plan did not expect (each also a recompilation-guard report)
     unexpected: list[dict] = field(default_factory=list)  # details of each unexpected graph: key, step, shapes, reason
+    uncompiled_graphs: list[dict] = field(default_factory=list)  # planned graph keys that ran eagerly (native)
     hidden_host_syncs: list[dict]  # device-to-host reads inside a step (.item(), print(tensor), ...)
     checked_against_manifest: bool  # whether compiled graphs were checked against a precompile manifest
     world_size: int  # data-parallel workers
@@ -77,6 +80,59 @@ class RunSummary:
     def write(self, output_dir: Path) -> None:
         data = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
         write_file_atomic(Path(output_dir) / "summary.json", data.encode())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Training tokens over the run's wall time: real (non-padding) tokens and batch slots, all workers."""
+
+    real_tokens: int
+    slot_tokens: int
+    wall_seconds: float
+
+
+def build_summary(
+    *,
+    recipe: str,
+    backend: str,
+    steps: int,
+    losses: list[float],
+    compile_counts: tuple[int, float],
+    guard: RecompilationGuard,
+    expected_graphs: int,
+    world: int,
+    batch: int,
+    accum: int,
+    throughput: Throughput,
+    **fields: Any,
+) -> RunSummary:
+    """The summary of a run from what it measured: `losses` (the logged training losses; the first and last are
+    reported), `compile_counts` (graphs compiled and seconds spent, during the run), the recompilation guard;
+    `fields` are the rest of RunSummary's fields by name."""
+    wall = throughput.wall_seconds
+    return RunSummary(
+        recipe=recipe,
+        backend=backend,
+        steps=steps,
+        first_loss=losses[0] if losses else None,
+        final_loss=losses[-1] if losses else None,
+        compilations=compile_counts[0],
+        compile_seconds=compile_counts[1],
+        distinct_graphs=guard.distinct_graphs,
+        expected_graphs=expected_graphs,
+        unexpected_graphs=len(guard.unexpected),
+        unexpected=guard.unexpected,
+        uncompiled_graphs=guard.uncompiled,
+        hidden_host_syncs=guard.hidden_syncs,
+        world_size=world,
+        per_worker_batch=batch,
+        grad_accum=accum,
+        effective_batch=batch * world * accum,
+        tokens_per_second=throughput.real_tokens / wall if wall > 0 else 0.0,
+        padding_fraction=1.0 - throughput.real_tokens / max(throughput.slot_tokens, 1),
+        wall_seconds=wall,
+        **fields,
+    )
 
 
 CONSOLE_FIELDS = (

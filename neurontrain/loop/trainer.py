@@ -1,9 +1,7 @@
-"""The training loop: one graph per step kind and bucket, values read in step closures, resumable.
-
-`Trainer.run` reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when resuming),
-then for each step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`. After every sync the
-recompilation guard checks the graph that ran against the plan, and the loss watch its loss (`finite.py`).
-"""
+"""The training loop: one graph per step kind and bucket, values read in step closures, resumable. `Trainer.run`
+reads top to bottom: set up (model, optimizer and data, from the newest checkpoint when resuming), then for each
+step `train_step`, `maybe_eval` and `maybe_save`, then `summarize`; after every sync the recompilation guard checks
+the graph that ran against the plan, and the loss watch its loss (`finite.py`)."""
 
 from __future__ import annotations
 
@@ -16,20 +14,20 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
-from neurontrain.loop.model import build_model, host_copies, move_to_device, save_pretrained
-from neurontrain.loop.packed import prepare_packed_classifier
-from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.rng import graph_seed, seed_graph
+from neurontrain.loop.rng import graph_seed
 from neurontrain.loop.run_facts import report_fields
-from neurontrain.loop.summary import RunSummary
-from neurontrain.loop.zero1 import Strategy, build_strategy
+from neurontrain.loop.strategies import Strategy, build_strategy
+from neurontrain.loop.summary import RunSummary, Throughput, build_summary
+from neurontrain.model.build import build_model, host_copies, move_to_device, save_pretrained
+from neurontrain.model.packed import prepare_packed_classifier
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
+from neurontrain.plan.planning import RunPlan
 
 GraphIdentifier = Callable[[list[torch.Tensor]], str]
 BatchSource = Callable[[int, int], Iterator[dict]]
@@ -131,6 +129,7 @@ class Trainer:
             explain=backend.compile_notes,
             graphs_per_key=len(units) if units else 1,
             compile_seconds=backend.compile_seconds,
+            compiles_new_keys=self.plan.backend == "native",
         )
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
@@ -163,7 +162,7 @@ class Trainer:
         scale = strategy.loss_scale(sum(batch["loss_items"] for batch in batches))
         for micro, batch in enumerate(batches):
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
-                seed_graph(backend, graph_seed(recipe.train.seed, step, micro, self.dp.rank))
+                backend.seed_graph(graph_seed(recipe.train.seed, step, micro, self.dp.rank))
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
             length = batch["input_ids"].shape[1]
             self.log.count(real, batch["input_ids"].numel(), length)
@@ -233,33 +232,25 @@ class Trainer:
         real, slots = self.dp.sum_counts(self.log.real_tokens, self.log.slot_tokens)
         self.dp.barrier()
         wall = time.perf_counter() - wall_start
-        summary = RunSummary(
+        summary = build_summary(
             recipe=recipe.name,
             backend=backend.name,
             steps=recipe.train.max_steps,
-            resumed_from_step=self.start_step or None,
-            first_loss=losses[0] if losses else None,
-            final_loss=losses[-1] if losses else None,
-            compilations=self._compilations(),
-            compile_seconds=backend.compile_seconds() - self._compile_seconds_at_start,
-            distinct_graphs=guard.distinct_graphs,
+            losses=losses,
+            compile_counts=(self._compilations(), backend.compile_seconds() - self._compile_seconds_at_start),
+            guard=guard,
             expected_graphs=self.planned_graphs,
-            unexpected_graphs=len(guard.unexpected),
-            unexpected=guard.unexpected,
-            hidden_host_syncs=guard.hidden_syncs,
+            world=plan.world,
+            batch=recipe.data.batch_size,
+            accum=recipe.train.grad_accum,
+            throughput=Throughput(real_tokens=real, slot_tokens=slots, wall_seconds=wall),
+            resumed_from_step=self.start_step or None,
             checked_against_manifest=self.manifest_graphs is not None,
-            world_size=plan.world,
-            per_worker_batch=recipe.data.batch_size,
-            grad_accum=recipe.train.grad_accum,
-            effective_batch=recipe.data.batch_size * plan.world * recipe.train.grad_accum,
             samples_trained=plan.samples_trained(),
             restarts=self.dp.restart,
             buckets=plan.buckets,
             bucket_mode=plan.bucket_mode,
             buckets_used=sorted(set(plan.train_lengths_used)),
-            tokens_per_second=real / wall,
-            padding_fraction=1.0 - real / max(slots, 1),
-            wall_seconds=wall,
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
             device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),

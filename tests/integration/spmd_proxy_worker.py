@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from neurontrain.loop.model import build_config, build_model
+from neurontrain.model.build import build_config, build_model
 from neurontrain.parallel import spmd
 from neurontrain.parallel.tensor_parallel import model_spec
 from neurontrain.recipe import load_recipe

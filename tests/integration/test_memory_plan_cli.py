@@ -14,9 +14,9 @@ LIVE_BYTES = """
 import json, sys
 import torch
 import torch_xla
-from neurontrain.loop.model import build_model
+from neurontrain.model.build import build_model
 from neurontrain.loop.optim import build_optimizer, materialize_optimizer_state
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 def device_bytes(tensors):

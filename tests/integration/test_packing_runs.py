@@ -6,7 +6,7 @@ import math
 import pytest
 from conftest import RECIPES, read_json, read_metrics, run_cli
 
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import RECIPES, ray_train_worker_pids, read_json, read_metrics, run_cli, run_killing_a_worker
 
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow

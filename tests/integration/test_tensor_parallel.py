@@ -16,8 +16,8 @@ from conftest import RECIPES, REPO, read_json, read_metrics, run_cli
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.checkpoint.nxd import NxdReader
-from neurontrain.loop.model import build_model
-from neurontrain.loop.planning import make_plan
+from neurontrain.model.build import build_model
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow

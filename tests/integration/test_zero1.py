@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import RECIPES, read_json, read_metrics, run_cli, run_killing_a_worker
 
-from neurontrain.loop.planning import make_plan
 from neurontrain.parallel.zero_layout import shard_shape
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 pytestmark = pytest.mark.slow

@@ -261,9 +261,9 @@ def test_bad_files_exit_2_with_one_line_and_leave_no_destination(tmp_path, capsy
 def test_toolkit_training_checkpoint_with_optimizer(tmp_path, recipes):
     """A checkpoint as `neurontrain run` writes it (AdamW grouped by weight decay, indices without names)."""
     from neurontrain.loop.checkpoints import save_checkpoint
-    from neurontrain.loop.model import build_model
     from neurontrain.loop.optim import build_optimizer, materialize_optimizer_state
-    from neurontrain.loop.planning import make_plan
+    from neurontrain.model.build import build_model
+    from neurontrain.plan.planning import make_plan
     from neurontrain.recipe import load_recipe
 
     recipe = load_recipe(recipes / "tiny-llama-clm.yaml", [])

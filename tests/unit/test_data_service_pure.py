@@ -17,7 +17,7 @@ from neurontrain.errors import UsageError
 from neurontrain.launch.ray_cluster import check_roles, count_placement
 from neurontrain.launch.ray_train import torchrun_environment
 from neurontrain.launch.sagemaker_groups import host_role, parse_data_instances, with_groups
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import DataServiceSpec, load_recipe
 
 LLAMA = str(RECIPES / "tiny-llama-clm.yaml")

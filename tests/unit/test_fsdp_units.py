@@ -10,9 +10,9 @@ from conftest import RECIPES
 from neurontrain.errors import UsageError
 from neurontrain.loop import checkpoints as ckpt
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.loop.model import build_config, meta_model
-from neurontrain.loop.planning import make_plan
+from neurontrain.model.build import build_config, meta_model
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = ["data.train_samples=200", "data.eval_samples=16", "train.max_steps=8", "train.schedule.warmup_steps=1"]

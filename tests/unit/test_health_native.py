@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import NativeBackend, select_backend
 from neurontrain.health.runner import workers_share_the_host
 from neurontrain.health.worker import device_checks
 
@@ -29,7 +29,8 @@ def native(monkeypatch):
 
 @pytest.mark.parametrize("compiler", ["eager", _off_by_a_little])
 def test_the_compile_check_fails_only_when_the_compiler_is_wrong(native, compiler):
-    backend = dataclasses.replace(native, compiler=compiler)  # TorchDynamo's eager backend: a faithful compiler
+    # a target is data: the same device with another torch.compile backend (TorchDynamo's eager: a faithful one)
+    backend = NativeBackend(dataclasses.replace(native.target, compiler=compiler), [])
     results = {r["check"]: r for r in device_checks(backend, None, compiler=True)}
     assert set(results) == {"device matmul", "device reductions", "device bf16", "device compile"}
     if compiler == "eager":

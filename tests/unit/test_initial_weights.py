@@ -9,13 +9,12 @@ import torch
 from checkpoint_models import bert, llama
 from conftest import RECIPES
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.checkpoint.initial import InitialCheckpoint, load_initial_weights
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.optim import Replicated
-from neurontrain.loop.zero1 import HostZero1
+from neurontrain.loop.strategies import HostZero1, Replicated
 from neurontrain.parallel.zero1_state import chunk, numbered_state
 from neurontrain.recipe import load_recipe
 

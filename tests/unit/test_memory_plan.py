@@ -4,10 +4,10 @@ which it tries configurations, and its refusal."""
 import pytest
 
 from neurontrain.errors import UsageError
-from neurontrain.loop.memory_inputs import model_shape
-from neurontrain.loop.model import build_config
+from neurontrain.model.build import build_config
 from neurontrain.parallel.memory import GIB, MIB, Config, ModelShape, Param, Workload, estimate, resolve_target
 from neurontrain.parallel.memory_choice import Pins, candidates, plan_memory, tp_degrees
+from neurontrain.plan.memory_inputs import model_shape
 from neurontrain.recipe import Recipe
 
 TRN1, _ = resolve_target("trn1", None, "neuron")

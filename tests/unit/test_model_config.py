@@ -5,7 +5,7 @@ import pytest
 from conftest import RECIPES
 
 from neurontrain.errors import UsageError
-from neurontrain.loop.model import build_config, model_dims
+from neurontrain.model.build import build_config, model_dims
 from neurontrain.recipe import load_recipe
 
 

@@ -1,15 +1,15 @@
-"""How the loop calls a model (loop/model_inputs.py): pure decisions from what the model accepts, and the set-up's
-checks of tiny models on eager CPU (loop/input_probe.py) for the cases the issue named."""
+"""How the loop calls a model (model/inputs.py): pure decisions from what the model accepts, and the set-up's
+checks of tiny models on eager CPU (model/input_probe.py) for the cases the issue named."""
 
 import pytest
 import torch
 from families import tiny_config
 from packing_models import CLS, documents, pack, tiny_model
 
-from neurontrain.loop.input_probe import probe_model_inputs
-from neurontrain.loop.model import static_experts
-from neurontrain.loop.model_inputs import MASK_2D, MASK_4D, ModelFacts, ModelInputs, decide_inputs, sliding_window_of
-from neurontrain.loop.packed import packed_classification
+from neurontrain.model.build import static_experts
+from neurontrain.model.input_probe import probe_model_inputs
+from neurontrain.model.inputs import MASK_2D, MASK_4D, ModelFacts, ModelInputs, decide_inputs, sliding_window_of
+from neurontrain.model.packed import packed_classification
 
 DECODER = frozenset({"input_ids", "attention_mask", "position_ids", "use_cache", "labels"})
 ENCODER = frozenset({"input_ids", "attention_mask", "position_ids", "token_type_ids", "labels"})

@@ -18,7 +18,7 @@ from neurontrain.compile.native_cache import (
     write_entry,
 )
 from neurontrain.compile.store import ENTRY_RECORD, local_entries, valid_entry_path, verify_local
-from neurontrain.loop.planning import make_plan
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 KEY_FIELDS = ("0123456789abcdef", "2.9.0+cpu", "cpu", "inductor", "x86_64")

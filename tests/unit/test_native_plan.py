@@ -6,12 +6,12 @@ import pytest
 from bad_input import assert_one_line_usage_error
 from conftest import RECIPES, cli_in_process
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
+from neurontrain.backends.native import CPU_TARGET, native_target
 from neurontrain.commands.arguments import backend_choices
 from neurontrain.errors import UsageError
 from neurontrain.loop.guard import RecompilationGuard
-from neurontrain.loop.planning import make_plan
-from neurontrain.native import CPU_TARGET, native_target
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = [
@@ -72,7 +72,7 @@ def test_what_native_does_not_do_yet_is_a_one_line_usage_error(case: str, capsys
 
 def test_native_selects_the_cpu_and_inductor_without_neuron_devices(monkeypatch):
     monkeypatch.setenv("USE_TORCH_XLA", "1")
-    assert native_target([]) == CPU_TARGET
+    assert native_target() == CPU_TARGET
     backend = select_backend("native")
     assert (backend.is_xla, backend.is_native, backend.compiler, str(backend.device)) == (
         False,

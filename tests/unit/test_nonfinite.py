@@ -9,11 +9,11 @@ import pytest
 import torch
 from conftest import RECIPES
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.finite import LossWatch, NonFiniteError, with_host_weights
-from neurontrain.loop.planning import make_plan
 from neurontrain.loop.trainer import Trainer
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = ["data.train_samples=160", "data.eval_samples=16", "train.log_every=1", "checkpoint.every=1"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -124,3 +125,65 @@ def test_test_modules_have_unique_basenames():
     tests = PACKAGE.parent / "tests"
     names = [p.name for p in tests.rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _layer_rows() -> list[tuple[list[str], str]]:
+    """docs/architecture.md's layer table, top row first: (the units a row names, the row's description)."""
+    rows = []
+    for line in ARCHITECTURE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        if len(cells) == 2:
+            units = [name.rstrip("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", cells[0])]
+            rows.append((units, cells[1]))
+    return rows
+
+
+def _layers() -> dict[str, int]:
+    return {unit: i for i, (units, _) in enumerate(_layer_rows()) for unit in units}
+
+
+def _units() -> set[str]:
+    """The package's folders and top-level modules (its `__init__.py` excepted)."""
+    return {_unit(name) for name in _modules() if name != "neurontrain"}
+
+
+def test_no_layer_imports_a_layer_below_it():
+    """A module imports modules of its own row of docs/architecture.md or of a row above it, never below."""
+    layers = _layers()
+    found = []
+    for src, targets in _module_level_edges(_modules()).items():
+        for target in targets:
+            if target != "neurontrain" and layers[_unit(target)] > layers[_unit(src)]:
+                found.append(f"{src} -> {target}")
+    assert not found, f"imports of a lower layer of docs/architecture.md: {found}"
+
+
+def test_the_architecture_page_has_a_row_for_every_folder_and_module():
+    assert sorted(_units() - set(_layers())) == []
+    assert sorted(set(_layers()) - _units()) == [], "rows for folders or modules that do not exist"
+
+
+def test_every_file_the_architecture_page_names_exists():
+    """A file a row names lies in that row's folder (or a folder below it); a path is relative to the package
+    or the repository."""
+    missing = []
+    text = ARCHITECTURE.read_text()
+    rows = _layer_rows()
+    for units, description in rows:
+        folder = PACKAGE / units[0] if (PACKAGE / units[0]).is_dir() else PACKAGE
+        for name in re.findall(r"`([\w/]+\.py)", description):
+            if "/" not in name and not any(p.parent.is_relative_to(folder) for p in PACKAGE.rglob(name)):
+                missing.append(f"{units[0]}: {name}")
+    for path in re.findall(r"`([\w]+/[\w/]+\.py)", text):
+        if not (PACKAGE / path).is_file() and not (PACKAGE.parent / path).is_file():
+            missing.append(path)
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+def test_the_layer_checks_catch_what_they_check():
+    """The parser finds the rows (so the passes above are not vacuous)."""
+    layers = _layers()
+    assert layers["errors"] == 0 and layers["backends"] < layers["plan"] < layers["loop"] < layers["cli"]

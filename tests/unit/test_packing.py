@@ -11,11 +11,12 @@ from conftest import RECIPES
 from neurontrain.data.batching import Batcher, fixed_batches
 from neurontrain.data.buckets import StepCostModel, bucketing_seconds
 from neurontrain.data.collate import IGNORE_INDEX, Collator
-from neurontrain.data.packing import Packing, docs_limit, estimate_packing, pack_rows, packed_padding_fraction
+from neurontrain.data.packing import Packing, pack_rows, packed_padding_fraction
 from neurontrain.data.sharding import worker_rows
 from neurontrain.errors import UsageError
-from neurontrain.loop.model_inputs import ModelInputs, packing_refusal
-from neurontrain.loop.planning import make_plan
+from neurontrain.model.inputs import ModelInputs
+from neurontrain.plan.packing import docs_limit, estimate_packing, packing_refusal
+from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 

@@ -19,9 +19,9 @@ from packing_models import (
     tiny_model,
 )
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 
-# The families whose per-document masking the set-up finds equivalent (loop/input_probe.py); the rest refused
+# The families whose per-document masking the set-up finds equivalent (model/input_probe.py); the rest refused
 PACKED = (*DECODERS, "bert", "roberta", "distilbert")
 REFUSED = {"deberta-v2": "does not honour a 4D additive attention mask"}
 # Every family under eager attention; under sdpa the families the tests covered before (Gemma 2 has no sdpa)

@@ -3,7 +3,7 @@ and the stand-in compiler refusing what the real one refuses."""
 
 import pytest
 
-from neurontrain.backend import check_xla_flags
+from neurontrain.backends import check_xla_flags
 from neurontrain.compile.importer import _complete
 from neurontrain.compile.runtime_cache import (
     cache_dir_flag,

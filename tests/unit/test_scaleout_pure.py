@@ -9,7 +9,7 @@ from neurontrain.data.collate import Collator
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
 from neurontrain.launch.topology import Topology, torchrun_args
-from neurontrain.loop.plan_description import describe_plan
+from neurontrain.plan.description import describe_plan
 
 
 def test_torchrun_args_single_node_is_standalone():
@@ -81,7 +81,7 @@ def test_collator_takes_its_rows_and_counts_loss_items():
 
 
 def _plan(world: int, *overrides: str):
-    from neurontrain.loop.planning import make_plan
+    from neurontrain.plan.planning import make_plan
     from neurontrain.recipe import load_recipe
 
     recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.buckets=[64,128]", *overrides])
@@ -119,3 +119,27 @@ def test_too_many_workers_for_the_data():
         _plan(4, "data.train_samples=20")
     with pytest.raises(UsageError, match="4 workers but only 3 training samples"):
         _plan(4, "data.train_samples=3", "data.last_batch=pad")
+
+
+@pytest.mark.parametrize("buckets", ["data.buckets=[32,64]", "data.packing=auto"])
+def test_a_worker_planning_from_the_served_lengths_plans_what_the_launcher_planned(buckets):
+    """The launcher plans from the data; a served worker (data.service) plans again from the lengths alone. Both
+    plans agree, down to the plan id that names the compile cache and the manifest: fixed buckets shorter than
+    data.max_length cut the same samples on either side."""
+    from neurontrain.compile.discover import run_plan_id
+    from neurontrain.data.sources import prepare_data
+    from neurontrain.plan.planning import make_plan
+    from neurontrain.recipe import load_recipe
+
+    recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", [buckets])
+    data = prepare_data(recipe)
+    lengths = prepare_data(recipe).without_train_ids()  # a worker's own copy: planning cuts what it holds
+    launcher, worker = (
+        make_plan(recipe, "xla-cpu", data=data, world=2),
+        make_plan(recipe, "xla-cpu", data=lengths, world=2),
+    )
+    assert describe_plan(worker) == describe_plan(launcher)
+    assert run_plan_id(worker, "xla-cpu") == run_plan_id(launcher, "xla-cpu")
+    assert worker.batcher.lengths == launcher.batcher.lengths and lengths.truncated == data.truncated
+    if buckets == "data.buckets=[32,64]":
+        assert data.truncated > 0 and max(launcher.batcher.lengths) == 64  # the case where planning cuts samples

@@ -13,10 +13,10 @@ from neurontrain.checkpoint.formats import SafetensorsSource
 from neurontrain.checkpoint.nxd import rank_tensors
 from neurontrain.errors import UsageError
 from neurontrain.loop.checkpoints import save_checkpoint
-from neurontrain.loop.planning import _tp_pinned
 from neurontrain.parallel.nxd_layout import fuse_moments, fuse_rank, unfuse_moments, unfuse_rank
 from neurontrain.parallel.rules import ShardingSpec, rule_for, shard
 from neurontrain.parallel.tensor_parallel import check_trainable
+from neurontrain.plan.planning import _tp_pinned
 from neurontrain.recipe import load_recipe
 
 NAMES = LLAMA_NAMES  # embeddings, one layer (q, k, v, o, gate, up, down, a norm), the final norm, lm_head

@@ -10,13 +10,13 @@ import torch
 from conftest import RECIPES
 from safetensors.torch import load_file
 
-from neurontrain.backend import select_backend
+from neurontrain.backends import select_backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.planning import RunPlan, make_plan
 from neurontrain.loop.rng import graph_seed
 from neurontrain.loop.summary import RunSummary, read_summary
 from neurontrain.loop.trainer import Trainer
+from neurontrain.plan.planning import RunPlan, make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = [

@@ -36,7 +36,7 @@ def _distilbert_head(model: torch.nn.Module, first_tokens: torch.Tensor) -> torc
 
 # model type -> its classification head from first-token states to logits, as its forward computes it. The
 # encoder itself is the model's own forward (the module the backend compiled), its last hidden states read
-# from `hidden_states`. A model type packs where its head is here and loop/input_probe.py finds its
+# from `hidden_states`. A model type packs where its head is here and model/input_probe.py finds its
 # per-document mask equivalent (tests/unit/test_packing_isolation.py proves it per family).
 PACKED_HEADS: dict[str, Callable] = {"bert": _bert_head, "roberta": _roberta_head, "distilbert": _distilbert_head}
 

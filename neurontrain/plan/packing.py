@@ -10,11 +10,64 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from neurontrain.data.buckets import StepCostModel, bucketing_seconds, padding_fraction, round_up
-from neurontrain.data.packing import Packing, PackingEstimate, docs_limit, estimate_packing
+from neurontrain.data.packing import Packing, pack_rows, packed_padding_fraction
 from neurontrain.data.sources import PreparedData
 from neurontrain.errors import UsageError
-from neurontrain.loop.model_inputs import ModelInputs, packing_refusal
+from neurontrain.model.inputs import ModelInputs
 from neurontrain.recipe import Recipe
+
+
+def docs_limit(shortest: int, row_length: int, cap: int = 64) -> int:
+    """The documents a row may hold when the recipe does not say: as many of the shortest sample as fit, at
+    most `cap` (each is one slot of the per-document outputs, padding included)."""
+    return max(1, min(cap, row_length // max(shortest, 1)))
+
+
+@dataclass(frozen=True)
+class PackingEstimate:
+    """What packing one epoch of these samples gives, and the cost model's seconds for packed steps that cover
+    the samples of `planned_batches` unpacked batches (batches of batch_size samples there, of rows here)."""
+
+    rows: int
+    samples: int
+    padding_fraction: float
+    steps: float
+    seconds: float
+    compile_seconds: float
+
+    @property
+    def documents_per_row(self) -> float:
+        return self.samples / self.rows if self.rows else 0.0
+
+
+def estimate_packing(
+    lengths: Sequence[int], packing: Packing, *, planned_batches: int, graphs: int, cost: StepCostModel
+) -> PackingEstimate:
+    rows = pack_rows(lengths, range(len(lengths)), packing)
+    steps = planned_batches * len(rows) / max(len(lengths), 1)
+    compile_seconds = graphs * cost.compile_seconds
+    return PackingEstimate(
+        rows=len(rows),
+        samples=len(lengths),
+        padding_fraction=packed_padding_fraction(lengths, rows, packing.row_length),
+        steps=steps,
+        seconds=compile_seconds + steps * cost.step_seconds(packing.row_length),
+        compile_seconds=compile_seconds,
+    )
+
+
+def packing_refusal(inputs: ModelInputs, task: str, num_labels: int, row_length: int) -> str | None:
+    """Why a run of `task` with rows of `row_length` tokens cannot pack this model, or None."""
+    if inputs.unpackable:
+        return inputs.unpackable
+    if task == "sequence-classification" and num_labels < 2:
+        return "sequence classification packs only with model.num_labels of 2 or more"
+    if inputs.sliding_window is not None and inputs.sliding_window < row_length:
+        return (
+            f"the model's sliding window of {inputs.sliding_window} tokens is shorter than the packed rows' "
+            f"{row_length} (the per-document mask does not apply the window)"
+        )
+    return None
 
 
 @dataclass(frozen=True)

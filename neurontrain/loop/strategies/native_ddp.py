@@ -20,10 +20,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.optim import Replicated
+from neurontrain.loop.strategies.replicated import Replicated
 from neurontrain.recipe import Recipe
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from neurontrain.errors import UsageError
-from neurontrain.loop.model import meta_model
+from neurontrain.model.build import meta_model
 from neurontrain.parallel.memory import ModelShape, Param, Workload, resolve_target
 from neurontrain.parallel.memory_choice import MemoryPlan, Pins, plan_memory
 from neurontrain.recipe import Recipe

@@ -1,4 +1,4 @@
-"""The facts `loop/model_inputs.py` decides from, read once at set-up: the forward's parameter names, and, on a
+"""The facts `model/inputs.py` decides from, read once at set-up: the forward's parameter names, and, on a
 copy of the model cut to two layers on the eager CPU path (never XLA), whether a ready 4D additive mask gives
 the outputs of the 2D mask and whether a per-document 4D mask with restarting positions gives each of two
 documents in one row the outputs it has alone."""
@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from neurontrain.logs import get_logger
-from neurontrain.loop.model_inputs import ModelFacts, ModelInputs, decide_inputs, sliding_window_of
-from neurontrain.loop.packed import PACKED_HEADS, packed_attention_mask
+from neurontrain.model.inputs import ModelFacts, ModelInputs, decide_inputs, sliding_window_of
+from neurontrain.model.packed import PACKED_HEADS, packed_attention_mask
 
 log = get_logger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from neurontrain.backend import is_xla_backend, resolve_backend_name
+from neurontrain.backends import is_xla_backend, resolve_backend_name
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
-from neurontrain.loop.input_probe import probe_model_inputs
-from neurontrain.loop.model_inputs import MASK_4D, ModelInputs
-from neurontrain.loop.packed import packed_inputs
+from neurontrain.model.input_probe import probe_model_inputs
+from neurontrain.model.inputs import MASK_4D, ModelInputs
+from neurontrain.model.packed import packed_inputs
 from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.parallel.tensor_parallel import to_tensor_parallel
 from neurontrain.recipe import Recipe
@@ -35,7 +35,7 @@ class ModelDims:
     n_layers: int
     hidden: int
     is_encoder: bool
-    inputs: ModelInputs = field(default_factory=ModelInputs)  # how the loop calls it (loop/model_inputs.py)
+    inputs: ModelInputs = field(default_factory=ModelInputs)  # how the loop calls it (model/inputs.py)
 
 
 def _auto_class(recipe: Recipe) -> Any:
@@ -192,7 +192,7 @@ def meta_model(recipe: Recipe, config: Any) -> torch.nn.Module:
 
 def model_dims(recipe: Recipe, config: Any) -> ModelDims:
     """Sizes for the cost model, from the model built on the meta device (no memory, no weights); how the loop
-    calls the model, from a two-layer copy of it on eager CPU (`loop/input_probe.py`)."""
+    calls the model, from a two-layer copy of it on eager CPU (`model/input_probe.py`)."""
     model = meta_model(recipe, config)
     n_params = sum(p.numel() for p in model.parameters())
     return ModelDims(
@@ -282,7 +282,7 @@ def model_inputs(batch: dict, dims: ModelDims, dtype: torch.dtype) -> dict:
     """The model's keyword arguments as `dims.inputs` decided: a ready 4D additive attention mask where the model
     honours one (transformers 5 otherwise inspects a 2D mask's values, `mask.all()`, on every forward: a host
     sync and one more graph per shape on XLA), else the 2D mask; use_cache=False where the forward takes it.
-    Packed batches get their per-document mask and positions (`loop/packed.py`)."""
+    Packed batches get their per-document mask and positions (`model/packed.py`)."""
     decided = dims.inputs
     if "document_ids" in batch:
         return packed_inputs(batch, not dims.is_encoder, dtype, decided.use_cache, decided.position_offset)

@@ -1,7 +1,7 @@
 """ZeRO-1: each data-parallel worker keeps AdamW's state and an fp32 master copy for its chunk of every
 parameter only (torch-xla's `ZeroRedundancyOptimizer` layout, `parallel/zero_layout.py`).
 
-Two implementations with one interface (that of `optim.Replicated`, which `build_strategy` picks otherwise):
+Two implementations of `Strategy` (subclasses of `Replicated`; `select.py` picks one):
 
 - `HostZero1`, where gradients are reduced on the host (XLA:CPU workers, whose xla process group is a world of
   one): after the micro-step graphs, the gradients leave the device, are weighted and reduce-scattered over
@@ -26,16 +26,13 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.checkpoints import load_rank_files
 from neurontrain.loop.dataparallel import DataParallel, global_loss, loss_stats
-from neurontrain.loop.native_fsdp import NativeFSDP
-from neurontrain.loop.native_parallel import NativeDDP
 from neurontrain.loop.optim import (
     ZERO1_WORLD,
-    Replicated,
     build_adamw,
     build_optimizer,
     build_scheduler,
@@ -43,27 +40,9 @@ from neurontrain.loop.optim import (
     materialize_optimizer_state,
     moment_tensors,
 )
-from neurontrain.loop.planning import RunPlan
-from neurontrain.loop.tp_optim import TensorParallelAdamW
+from neurontrain.loop.strategies.replicated import Replicated
 from neurontrain.parallel.zero1_state import chunk, consolidate, rank_state, unchunk
 from neurontrain.recipe import Recipe
-
-Strategy = Replicated  # the interface every optimizer strategy follows
-
-
-def build_strategy(plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> Strategy:
-    """The optimizer of a run: ZeRO-1 when train.zero1 is true and there is more than one worker (with one,
-    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards; on
-    native workers, DDP or FSDP2 (parallel.fsdp)."""
-    if plan.tp > 1:
-        return TensorParallelAdamW(plan, model, backend, dp)
-    if backend.is_native and plan.world > 1:
-        return (NativeFSDP if plan.fsdp else NativeDDP)(plan.recipe, model, backend, dp)
-    if plan.recipe.train.zero1 is True and plan.world > 1:
-        if plan.host_reduce:
-            return HostZero1(plan.recipe, model, backend, dp)
-        return InGraphZero1(plan.recipe, model, backend, dp)
-    return Replicated(plan.recipe, model, backend, dp, plan.host_reduce)
 
 
 def _trainable(model: torch.nn.Module) -> list[torch.Tensor]:

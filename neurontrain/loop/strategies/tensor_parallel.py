@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop import steps
-from neurontrain.loop.optim import Replicated
-from neurontrain.loop.planning import RunPlan
+from neurontrain.loop.strategies.replicated import Replicated
 from neurontrain.loop.tp_workers import TensorParallelWorkers
 from neurontrain.parallel.nxd_layout import (
     MODEL_DIR,
@@ -35,6 +34,7 @@ from neurontrain.parallel.nxd_layout import (
     unfuse_rank,
 )
 from neurontrain.parallel.tensor_parallel import model_spec
+from neurontrain.plan.planning import RunPlan
 
 TP_DEGREE = "tensor_parallel"  # a TP checkpoint's optimizer entry: {TP_DEGREE: tp, "param_groups": ...}
 

@@ -1,5 +1,5 @@
 """How the loop calls a model, decided once at set-up from what the model accepts (pure logic; the facts come
-from `loop/input_probe.py`, which reads the forward's signature and runs a tiny copy of the model on eager CPU).
+from `model/input_probe.py`, which reads the forward's signature and runs a tiny copy of the model on eager CPU).
 
 - The attention mask: a ready 4D additive mask where the model honours one the same as its 2D 0/1 mask
   (transformers 5 otherwise inspects a 2D mask's values, `mask.all()`, on every forward: a host sync and one
@@ -8,7 +8,7 @@ from `loop/input_probe.py`, which reads the forward's signature and runs a tiny 
 - `use_cache=False` for every causal LM whose forward takes `use_cache`: a training forward has no use for a
   KV cache, and a sliding-window cache slices its last `sliding_window` keys, which XLA rejects.
 - Packing: a decoder packs where a 4D per-document mask with restarting position ids gives each document the
-  outputs it has alone; an encoder also needs a per-document head (`loop/packed.py: PACKED_HEADS`).
+  outputs it has alone; an encoder also needs a per-document head (`model/packed.py: PACKED_HEADS`).
 """
 
 from __future__ import annotations
@@ -91,17 +91,3 @@ def sliding_window_of(config_values: dict, layer_types: Collection[str] | None) 
     if layer_types is not None and not any("sliding" in t for t in layer_types):
         return None
     return window
-
-
-def packing_refusal(inputs: ModelInputs, task: str, num_labels: int, row_length: int) -> str | None:
-    """Why a run of `task` with rows of `row_length` tokens cannot pack this model, or None."""
-    if inputs.unpackable:
-        return inputs.unpackable
-    if task == "sequence-classification" and num_labels < 2:
-        return "sequence classification packs only with model.num_labels of 2 or more"
-    if inputs.sliding_window is not None and inputs.sliding_window < row_length:
-        return (
-            f"the model's sliding window of {inputs.sliding_window} tokens is shorter than the packed rows' "
-            f"{row_length} (the per-document mask does not apply the window)"
-        )
-    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from neurontrain.loop.planning import RunPlan
+from neurontrain.plan.planning import RunPlan
 
 
 def describe_plan(plan: RunPlan) -> dict:
@@ -22,7 +22,7 @@ def describe_plan(plan: RunPlan) -> dict:
             "layers": plan.dims.n_layers,
             "hidden": plan.dims.hidden,
             "source": r.model.pretrained or "config",
-            "inputs": {  # as the set-up decided them from what the model accepts (loop/model_inputs.py)
+            "inputs": {  # as the set-up decided them from what the model accepts (model/inputs.py)
                 "attention_mask": plan.dims.inputs.mask,
                 "use_cache_off": plan.dims.inputs.use_cache,
                 "packs": plan.dims.inputs.unpackable or True,
@@ -53,6 +53,7 @@ def describe_plan(plan: RunPlan) -> dict:
         "effective_batch": r.data.batch_size * r.train.grad_accum * world,
         "gradient_reduction": _gradient_reduction(plan),
         "expected_graphs": [list(k) for k in plan.expected_graphs()],
+        "compile_estimate": _compile_estimate(plan),
         "padding_fraction": round(plan.padding_fraction(), 4),
         "compile_cache": r.runtime.compile_cache,
         "memory": plan.memory.describe() if plan.memory is not None else None,
@@ -67,3 +68,10 @@ def _gradient_reduction(plan: RunPlan) -> str:
     if plan.host_reduce:
         return f"host {collective} (gloo) between the micro-step and optimizer graphs"
     return f"in-graph {collective}"
+
+
+def _compile_estimate(plan: RunPlan) -> dict:
+    """The cost model's compile seconds for the plan's graphs (eager compiles none)."""
+    graphs = 0 if plan.backend == "eager" else len(plan.expected_graphs())
+    per_graph = plan.compile_seconds_per_graph
+    return {"graphs": graphs, "seconds_per_graph": round(per_graph, 1), "seconds": round(graphs * per_graph, 1)}

@@ -10,9 +10,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from neurontrain.backend import BACKENDS
+from neurontrain.backends import BACKENDS
 from neurontrain.data.batching import Batcher, IndexBatch, check_targets, fixed_batches
-from neurontrain.data.buckets import StepCostModel, choose_buckets, round_up, training_flops_per_token
 from neurontrain.data.collate import Collator
 from neurontrain.data.packing import Packing
 from neurontrain.data.service import Collation
@@ -20,24 +19,16 @@ from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.loop.memory_inputs import plan_recipe_memory, with_memory_choice
-from neurontrain.loop.model import ModelDims, build_config, meta_model, model_dims
-from neurontrain.loop.packing_plan import BucketedSide, decide_packing, with_packed_rows
+from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
+from neurontrain.plan.buckets import Buckets, cost_model, fit_to_fixed_buckets, has_eval, with_packing
+from neurontrain.plan.memory_inputs import plan_recipe_memory, with_memory_choice
+from neurontrain.plan.packing import with_packed_rows
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
 
-# Defaults for the auto-bucket cost model, per backend: (seconds per compiled graph, FLOP/s, seconds per step,
-# saturation tokens per step). XLA:CPU figures were fitted here to tiny-BERT step times at lengths 16..256
-# (batch 16: ~0.1 s flat up to 64 tokens a sequence, then ~79 us a token); Neuron and CUDA figures are planning
-# estimates (Neuron graphs take minutes to compile) that a recipe can override under data.auto_buckets.
-COST_DEFAULTS = {
-    "xla-cpu": (5.0, 3.2e10, 0.02, 1024),
-    "xla-cuda": (20.0, 5e13, 0.005, 8192),
-    "neuron": (300.0, 4e13, 0.01, 4096),
-}
 BUCKET_MODES = ("dynamic", "max", "auto", "fixed", "packed")
 
 
@@ -125,6 +116,11 @@ class RunPlan:
         kinds = ["train-micro", "optimizer"] if self.split_step else ["train"]
         return kinds + (["eval"] if self.eval_batches else [])
 
+    @property
+    def compile_seconds_per_graph(self) -> float:
+        """The cost model's compile time of one of this plan's graphs (data.auto_buckets overrides it)."""
+        return cost_model(self.recipe, self.backend, self.dims).compile_seconds
+
     def expected_graphs(self) -> list[tuple]:
         """Graph keys: ("setup",), (kind, length) per used train/eval length, ("optimizer",) for split steps.
 
@@ -159,26 +155,6 @@ class RunPlan:
         return sum(len(batch.indices) for batch in self._planned_train_batches())
 
 
-def _cost_model(recipe: Recipe, backend: str, dims: ModelDims) -> StepCostModel:
-    spec = recipe.data.auto_buckets
-    # eager is the reference run for an XLA run: it must plan the same buckets, so it uses XLA:CPU's figures
-    compile_s, flops, overhead, saturation = COST_DEFAULTS.get(backend, COST_DEFAULTS["xla-cpu"])
-    dense, attention = training_flops_per_token(dims.n_params, dims.n_layers, dims.hidden)
-    return StepCostModel(
-        compile_seconds=spec.compile_seconds if spec.compile_seconds is not None else compile_s,
-        flops_per_second=spec.flops_per_second if spec.flops_per_second is not None else flops,
-        step_overhead_seconds=spec.step_overhead_seconds if spec.step_overhead_seconds is not None else overhead,
-        flops_per_token=dense,
-        attention_flops_per_token_per_position=attention,
-        batch_size=recipe.data.batch_size,
-        saturation_tokens=spec.saturation_tokens if spec.saturation_tokens is not None else saturation,
-    )
-
-
-def _has_eval(recipe: Recipe, data: PreparedData) -> bool:
-    return bool(data.eval_ids) and (recipe.train.eval_every > 0 or recipe.train.eval_at_end)
-
-
 def with_world(recipe: Recipe, world: int) -> Recipe:
     """The recipe as `world` workers run it: train.grad_accum derived from train.global_batch_size."""
     t = recipe.train
@@ -192,50 +168,6 @@ def reduces_on_host(backend: str) -> bool:
     """XLA:CPU workers under torchrun each see a world of one through xla:// (measured): their gradients are
     all-reduced with gloo on host copies. Neuron and XLA:CUDA reduce inside the graph."""
     return backend in ("xla-cpu", "eager")
-
-
-@dataclass
-class _Buckets:
-    lengths: list[int] | None
-    mode: str
-    estimate: dict | None = None
-    packing: Packing | None = None
-    packing_summary: dict | None = None
-
-
-def _choose(recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, notes: list[str]) -> _Buckets:
-    """The recipe's data.buckets made concrete: fixed lengths, one maximum, the cost model's choice, or none."""
-    spec = recipe.data
-    longest = max(data.train_lengths + data.eval_lengths)
-    if spec.buckets == "dynamic":
-        notes.append("dynamic padding: one graph per distinct batch length (recompilation storm on XLA)")
-        return _Buckets(None, "dynamic")
-    if spec.buckets == "max":
-        return _Buckets([spec.max_length], "max")
-    if spec.buckets == "auto":
-        choice = choose_buckets(
-            data.train_lengths,
-            planned_batches=recipe.train.max_steps * recipe.train.grad_accum,
-            graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
-            cost=_cost_model(recipe, backend, dims),
-            max_buckets=spec.auto_buckets.max_buckets,
-            multiple=spec.pad_to_multiple_of,
-            max_length=spec.max_length,
-        )
-        buckets = list(choice.buckets)
-        if buckets[-1] < longest:
-            buckets.append(min(round_up(longest, spec.pad_to_multiple_of), spec.max_length))
-        estimate = {
-            "seconds": round(choice.estimated_seconds, 2),
-            "compile_seconds": round(choice.estimated_compile_seconds, 2),
-            "step_seconds": round(choice.estimated_step_seconds, 2),
-            "padding_fraction": round(choice.padding_fraction, 4),
-        }
-        return _Buckets(buckets, "auto", estimate)
-    if longest > spec.buckets[-1]:
-        # samples were cut to data.max_length; the largest bucket may be smaller than that
-        _truncate_to(data, spec.buckets[-1], spec.overlong)
-    return _Buckets(list(spec.buckets), "fixed")
 
 
 def _used_lengths(batcher: Batcher, recipe: Recipe, world: int, samples: int) -> list[int]:
@@ -266,7 +198,7 @@ class _Batching:
     used: list[int]
 
 
-def _batching(recipe: Recipe, data: PreparedData, buckets: _Buckets, world: int) -> _Batching:
+def _batching(recipe: Recipe, data: PreparedData, buckets: Buckets, world: int) -> _Batching:
     """The batch order for `world` data-parallel workers."""
     spec = recipe.data
     batcher = Batcher(
@@ -280,7 +212,7 @@ def _batching(recipe: Recipe, data: PreparedData, buckets: _Buckets, world: int)
         packing=buckets.packing,
     )
     eval_batches = []
-    if _has_eval(recipe, data):
+    if has_eval(recipe, data):
         eval_size = (spec.eval_batch_size or spec.batch_size) * world
         eval_batches = fixed_batches(data.eval_lengths, eval_size, buckets.lengths, packing=buckets.packing)
     return _Batching(batcher, eval_batches, _used_lengths(batcher, recipe, world, len(data.train_lengths)))
@@ -301,9 +233,8 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
     return recipe.model_copy(update={"checkpoint": spec.model_copy(update={"every": every, "save_final": False})})
 
 
-def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
-    """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
-    tp = _tp_pinned(recipe, world)
+def _check_backend(recipe: Recipe, backend: str, world: int, tp: int) -> None:
+    """Refuse what the backend does not train (before any data is prepared)."""
     if backend == "native" and tp > 1:
         raise UsageError("backend native: parallel.tp > 1 is not built on the native backend (data parallel is)")
     if backend == "native" and world > 1 and recipe.train.zero1 is True:
@@ -315,6 +246,12 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
             f"parallel.fsdp: FSDP2 runs on the native backend (--backend native); on {backend}, train.zero1 "
             "shards the optimizer state"
         )
+
+
+def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
+    """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
+    tp = _tp_pinned(recipe, world)
+    _check_backend(recipe, backend, world, tp)
     data = data or prepare_data(recipe)
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)
@@ -324,17 +261,21 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
             f"runtime.compiler_flags {recipe.runtime.compiler_flags} are neuronx-cc flags: the Neuron "
             f"runtime gets them where it is installed; {backend} never sees them"
         )
-    buckets = _with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
+    fit_to_fixed_buckets(recipe, data)
+    # the bucket choice sees the recipe's own batch size; packing may then change it, and grad_accum with it
+    buckets = with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
     recipe = with_packed_rows(recipe, buckets.packing_summary)  # auto packing: about batch_size samples a step
-    batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
-    memory = plan_recipe_memory(with_world(recipe, world // tp), config, backend, world, max(batching.used))
+    run_recipe = with_world(recipe, world // tp)
+    batching = _batching(run_recipe, data, buckets, world // tp)
+    memory = plan_recipe_memory(run_recipe, config, backend, world, max(batching.used))
     if memory.enforced and not memory.fits:
         log.info(memory.table())
         memory.check()
     if memory.choice.config.tp != tp:  # the planner chose tensor parallel: fewer data-parallel workers
         tp = memory.choice.config.tp
-        batching = _batching(with_world(recipe, world // tp), data, buckets, world // tp)
-    recipe = with_memory_choice(with_world(recipe, world // tp), memory)
+        run_recipe = with_world(recipe, world // tp)
+        batching = _batching(run_recipe, data, buckets, world // tp)
+    recipe = with_memory_choice(run_recipe, memory)
     if recipe.task == "causal-lm":  # a batch without targets: NaN from its step on
         check_targets(data.train_lengths, batching.batcher.iterate(), len(batching.used), "training")
         check_targets(data.eval_lengths, batching.eval_batches, len(batching.eval_batches), "eval")
@@ -361,37 +302,3 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,
     )
-
-
-def _with_packing(
-    recipe: Recipe, backend: str, data: PreparedData, dims: ModelDims, world: int, notes: list[str]
-) -> _Buckets:
-    """The buckets, or one packed row length where data.packing is on or the cost model picks it under auto."""
-    buckets = _choose(recipe, backend, data, dims, notes)
-    decision = decide_packing(
-        recipe,
-        data,
-        dims.inputs,
-        BucketedSide(buckets.lengths, buckets.mode, (buckets.estimate or {}).get("seconds")),
-        cost=_cost_model(recipe, backend, dims),
-        graphs_per_bucket=1 + (1 if _has_eval(recipe, data) else 0),
-        world=world,
-    )
-    if "reason" in decision.summary:
-        notes.append(decision.summary["reason"])
-    if decision.packing is None:
-        return _Buckets(buckets.lengths, buckets.mode, buckets.estimate, None, decision.summary)
-    return _Buckets([decision.packing.row_length], "packed", buckets.estimate, decision.packing, decision.summary)
-
-
-def _truncate_to(data: PreparedData, limit: int, overlong: str) -> None:
-    for split, lengths in (("train", data.train_lengths), ("eval", data.eval_lengths)):
-        for i, length in enumerate(lengths):
-            if length > limit:
-                if overlong == "fail":
-                    raise UsageError(f"{split} sample {i} has {length} tokens, more than the largest bucket {limit}")
-                if split == "train":
-                    data.truncate_train(i, limit)
-                else:
-                    data.eval_ids[i] = data.eval_ids[i][:limit]
-                data.truncated += 1

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from neurontrain.backend import Backend
+from neurontrain.backends import Backend
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
-from neurontrain.loop.native_parallel import NativeDataParallel
 from neurontrain.loop.optim import FSDP_WORLD, moment_tensors
+from neurontrain.loop.strategies.native_ddp import NativeDataParallel
 from neurontrain.parallel.fsdp_units import transformer_layers
 from neurontrain.parallel.zero1_state import state_bytes
 from neurontrain.recipe import Recipe

@@ -1,0 +1,15 @@
+"""Eager PyTorch: ops run as called, on CUDA where present, else the CPU; nothing compiles."""
+
+from __future__ import annotations
+
+from neurontrain.backends.base import Backend
+
+
+class EagerBackend(Backend):
+    """The base class's host-run defaults, unchanged: eager is the reference the other runtimes are compared to."""
+
+
+def select_eager(compiler_flags: list[str]) -> EagerBackend:
+    import torch
+
+    return EagerBackend("eager", "nccl" if torch.cuda.is_available() else "gloo", False, compiler_flags)
