@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("neurontrain.commands.health", "device and collective checks across workers; exit 3 on failure"),
     "submit": ("neurontrain.commands.submit", "submit a recipe to SLURM or SageMaker"),
     "env": ("neurontrain.commands.env", "print the backend, devices and package versions"),
+    "doctor": (
+        "neurontrain.commands.doctor",
+        "check every Neuron contract the toolkit relies on, on this host; exit 3 when one fails",
+    ),
 }
 
 
