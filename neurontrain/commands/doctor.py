@@ -9,6 +9,8 @@ from pathlib import Path
 
 from neurontrain import __version__
 from neurontrain.commands.arguments import add_backend_argument
+from neurontrain.doctor.report import build_report, exit_code, format_table
+from neurontrain.doctor.runner import DoctorOptions, run_doctor
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_json_atomic
 from neurontrain.logs import get_logger
@@ -29,9 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neurontrain.doctor.report import build_report, exit_code, format_table
-    from neurontrain.doctor.runner import DoctorOptions, run_doctor
-
     if args.nproc_per_node < 1:
         raise UsageError("--nproc-per-node must be at least 1")
     keep = Path(args.keep) if args.keep else None

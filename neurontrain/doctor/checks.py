@@ -25,6 +25,7 @@ from neurontrain.compile.runtime_cache import (
 from neurontrain.doctor import verdicts
 from neurontrain.doctor.context import PER_WORKER_BATCH, DoctorContext, StageFailed, losses, read_json
 from neurontrain.doctor.report import Verdict, failed, passed
+from neurontrain.native import torchneuron_host
 
 
 class Skip(Exception):
@@ -242,7 +243,11 @@ def tensor_parallel_runs(ctx: DoctorContext) -> tuple[Path, Path]:
         ctx.cli(
             "tp-shard", "checkpoint", "migrate", str(start), str(shards), "--to", "neuron", "--tp", "2", "--overwrite"
         )
+        # a tenth of the recipe's learning rate: AdamW turns float-rounding differences of near-zero gradients
+        # into whole steps, so the sharded and unsharded weights drift apart with the rate (2.5e-4 after 6 steps
+        # at 3e-3), while a shard in the wrong place is off by the weights' own size
         common = [str(ctx.recipe), "--set", f"runtime.compile_cache={ctx.cache}", "--no-preflight"]
+        common += ["--set", "train.optimizer.lr=3.0e-4"]
         common += ["--set", f"data.batch_size={2 * PER_WORKER_BATCH}"] + (
             ["--backend", ctx.backend] if ctx.backend != "auto" else []
         )
@@ -286,8 +291,6 @@ def check_tensor_parallel(ctx: DoctorContext) -> Verdict:
 
 # -- 6. native -------------------------------------------------------------------------------------------------
 def check_native(ctx: DoctorContext) -> Verdict:
-    from neurontrain.native import torchneuron_host
-
     if resolve_backend_name(ctx.backend) != "native" and not torchneuron_host(neuron_devices()):
         raise Skip("not a TorchNeuron host (run with --backend native to check torch.compile here)")
     native, eager = ctx.scratch / "native", ctx.scratch / "eager"

@@ -65,46 +65,50 @@ def compile_once_verdict(
         "unexpected_graphs": summary.get("unexpected_graphs"),
         "flags_hash": sorted({module_flags_hash(m) for m in manifest}),
     }
-    if not manifest:
-        return failed("precompile recorded no runtime modules: the runtime wrote nothing in extraction mode", **figures)
     uncompiled = [m for m in manifest if states_after_run.get(m) != "compiled"]
-    if uncompiled:
-        return failed(
-            f"{len(uncompiled)} precompiled modules have no NEFF ({uncompiled[0]}): the compile phase failed", **figures
+    if not manifest:
+        problem = "precompile recorded no runtime modules: the runtime wrote nothing in extraction mode"
+    elif uncompiled:
+        problem = f"{len(uncompiled)} precompiled modules have no NEFF ({uncompiled[0]}): the compile phase failed"
+    elif new:
+        problem = _new_modules_problem(manifest, new, flags_of)
+    elif predicted_flags is not None and _predicted_problem(manifest, flags_of, predicted_flags):
+        problem = _predicted_problem(manifest, flags_of, predicted_flags)
+    elif neuron.get("compiled_at_run_time"):
+        problem = f"the runtime compiled {neuron['compiled_at_run_time']} modules at run time"
+    elif summary.get("unexpected_graphs"):
+        problem = f"the run traced {summary['unexpected_graphs']} graphs precompile did not"
+    else:
+        return passed(**figures)
+    return failed(problem, **figures)
+
+
+def _new_modules_problem(manifest: list[str], new: list[str], flags_of: Mapping[str, list[str]]) -> str:
+    old_hashes = {module_flags_hash(m) for m in manifest}
+    moved = [m for m in new if module_flags_hash(m) not in old_hashes]
+    if moved:
+        pre, run = flags_of.get(manifest[0], []), flags_of.get(moved[0], [])
+        return (
+            f"the run's modules carry flags hash {module_flags_hash(moved[0])}, precompile's "
+            f"{module_flags_hash(manifest[0])} (the run {flags_difference(pre, run)}): the runtime got other "
+            "compiler flags at run time than at precompile"
         )
-    if new:
-        old_hashes = {module_flags_hash(m) for m in manifest}
-        moved = [m for m in new if module_flags_hash(m) not in old_hashes]
-        if moved:
-            pre = flags_of.get(manifest[0], [])
-            run = flags_of.get(moved[0], [])
-            return failed(
-                f"the run's modules carry flags hash {module_flags_hash(moved[0])}, precompile's "
-                f"{module_flags_hash(manifest[0])} (the run {flags_difference(pre, run)}): the runtime got other "
-                "compiler flags at run time than at precompile",
-                **figures,
-            )
-        return failed(
-            f"the runtime named {len(new)} modules at run time that precompile never saw (same flags, other keys, "
-            f"e.g. {new[0]}): its module names differ between extraction and execution",
-            **figures,
-        )
-    if predicted_flags is not None:
-        expected = expected_flags_hash(predicted_flags)
-        other = [m for m in manifest if module_flags_hash(m) != expected]
-        if other:
-            written = flags_of.get(other[0], [])
-            return failed(
-                f"the runtime hashed {module_flags_hash(other[0])} for flags {written}, the toolkit predicts "
-                f"{expected} for {predicted_flags} ({flags_difference(predicted_flags, written)}): "
-                "`env` and cache names disagree",
-                **figures,
-            )
-    if neuron.get("compiled_at_run_time"):
-        return failed(f"the runtime compiled {neuron['compiled_at_run_time']} modules at run time", **figures)
-    if summary.get("unexpected_graphs"):
-        return failed(f"the run traced {summary['unexpected_graphs']} graphs precompile did not", **figures)
-    return passed(**figures)
+    return (
+        f"the runtime named {len(new)} modules at run time that precompile never saw (same flags, other keys, "
+        f"e.g. {new[0]}): its module names differ between extraction and execution"
+    )
+
+
+def _predicted_problem(manifest: list[str], flags_of: Mapping[str, list[str]], predicted: list[str]) -> str | None:
+    expected = expected_flags_hash(predicted)
+    other = [m for m in manifest if module_flags_hash(m) != expected]
+    if not other:
+        return None
+    written = flags_of.get(other[0], [])
+    return (
+        f"the runtime hashed {module_flags_hash(other[0])} for flags {written}, the toolkit predicts {expected} "
+        f"for {predicted} ({flags_difference(predicted, written)}): `env` and cache names disagree"
+    )
 
 
 def extraction_verdict(published: list[str], neff_gained: list[str]) -> Verdict:

@@ -35,7 +35,7 @@ def quick(tmp_path_factory) -> dict:
         AWS_SECRET_ACCESS_KEY=SECRET,
     )
     kept, report = root / "kept", root / "report.json"
-    result = run_cli("doctor", "--quick", "--keep", str(kept), "--json", str(report), env=env)
+    result = run_cli("doctor", "--quick", "--keep", str(kept), "--json", str(report), env=env, timeout=1800)
     return {"root": root, "env": env, "kept": kept, "result": result, "report": read_json(report)}
 
 
