@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from neurontrain.compile.runtime_cache import expected_flags_hash, module_flags_hash
@@ -35,9 +36,10 @@ def environment_verdict(facts: Mapping) -> Verdict:
 
 
 def flags_difference(before: list[str], after: list[str]) -> str:
-    added = [f for f in after if f not in before]
-    dropped = [f for f in before if f not in after]
-    parts = ([f"adds {' '.join(added)}"] if added else []) + ([f"drops {' '.join(dropped)}"] if dropped else [])
+    """What `after` adds to and drops from `before`, counting repeats (the runtime hashes the whole list)."""
+    added, dropped = Counter(after) - Counter(before), Counter(before) - Counter(after)
+    parts = [f"adds {' '.join(added.elements())}"] if added else []
+    parts += [f"drops {' '.join(dropped.elements())}"] if dropped else []
     return ", ".join(parts) or "same flags in another order"
 
 

@@ -91,7 +91,7 @@ def test_compile_once_fails_when_the_runtime_changes_its_mind(quick, tmp_path, f
     message = _fails("compile-once", _context(quick, tmp_path, fault, nproc=1))
     assert message.startswith("one worker: ") and line in message
     if fault == "flags-at-run":
-        assert "(the run adds -O1)" in message
+        assert "(the run adds --model-type=transformer)" in message
 
 
 def test_data_parallel_fails_when_a_worker_returns_wrong_data(quick, tmp_path):

@@ -77,6 +77,8 @@ def test_compile_verdicts_name_the_fault():
     flags = {PRE[0]: ["--target=trn1"], f"{V}/MODULE_44+0badf1a6": ["--target=trn1", "-O1"]}
     moved = _compile([f"{V}/MODULE_44+0badf1a6"], flags_of=flags).problem
     assert "flags hash 0badf1a6, precompile's e30acd3a (the run adds -O1)" in moved
+    assert verdicts.flags_difference(["-O1"], ["-O1", "-O1"]) == "adds -O1"
+    assert verdicts.flags_difference(["-O1", "-O2"], ["-O2", "-O1"]) == "same flags in another order"
     predicted = _compile(predicted=["--target=trn1", "-O1"], flags_of={PRE[0]: ["--target=trn1"]}).problem
     assert "the toolkit predicts" in predicted and "drops -O1" in predicted
     assert "no NEFF" in _compile(states={PRE[1]: "extracted"}).problem

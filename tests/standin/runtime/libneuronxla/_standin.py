@@ -12,7 +12,8 @@ in NEURON_STANDIN_LOG.
 
 Faults for tests of `neurontrain doctor` (STANDIN_FAULT, only in `neurontrain run` processes that execute):
   rename-at-run   module keys take another salt than at extraction (a runtime naming modules differently)
-  flags-at-run    the runtime adds -O1 to its flags (a flags hash that changes between precompile and run)
+  flags-at-run    the runtime adds --model-type=transformer to its flags (a flags hash that changes between
+                  precompile and run)
 """
 
 import atexit
@@ -60,7 +61,7 @@ def compiler_flags():
             skip = "=" not in token and token in ("--cache_dir", "--log_level", "--dump", "--compile_workdir")
         else:
             out.append(token)
-    return [f"--target={platform_target()}"] + out + (["-O1"] if _fault("flags-at-run") else [])
+    return [f"--target={platform_target()}"] + out + (["--model-type=transformer"] if _fault("flags-at-run") else [])
 
 
 def flags_hash(flags):
