@@ -193,7 +193,8 @@ def killed(ctx: DoctorContext) -> tuple[Path, int, bool]:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         if not (first / "COMPLETE").exists():
-            raise StageFailed(f"the run to be killed wrote no checkpoint (exit {proc.returncode}, log: {out})")
+            log = ctx.scratch / "logs" / "killed.log"
+            raise StageFailed(f"the run to be killed wrote no checkpoint (exit {proc.returncode}, log: {log})")
         if not was_killed:
             for later in (out / "checkpoints").glob("step_*"):
                 if later.name > first.name:
