@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("neurontrain.commands.env", "print the backend, devices and package versions"),
     "report": ("neurontrain.commands.report", "one HTML page with plots of one or more runs"),
     "compare": ("neurontrain.commands.compare", "compare two runs' losses and metric with a tolerance; exit 1 beyond"),
+    "doctor": (
+        "neurontrain.commands.doctor",
+        "check every Neuron contract the toolkit relies on, on this host; exit 3 when one fails",
+    ),
 }
 
 

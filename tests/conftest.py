@@ -30,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 HEAVY_FIRST = (
     "test_scaleout.py",
     "test_neuron_runtime.py",
+    "test_doctor.py",
     "test_training.py",
     "test_native.py",
     "test_native_parallel.py",

@@ -10,6 +10,7 @@ import sys
 from neurontrain.backends import neuron_runtime_present, package_versions, select_backend
 from neurontrain.commands.arguments import add_backend_argument
 from neurontrain.compile.cache import default_local
+from neurontrain.compile.neuron_runtime import compiler_view
 from neurontrain.compile.runtime_cache import runtime_cache_location
 
 
@@ -23,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     location = runtime_cache_location(os.environ, str(default_local()))
     info = {
         **backend.describe(),
+        # with a runtime: the flags it hands neuronx-cc (the user's NEURON_CC_FLAGS less the wrapper's own)
+        **(compiler_view(backend.compiler_flags) if neuron_runtime_present() else {}),
         "python": sys.version.split()[0],
         "packages": package_versions(),
         "neuron_runtime_cache": {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +17,10 @@ from neurontrain.backends import neuron_runtime_present
 from neurontrain.compile.runtime_cache import (
     EXTRACT_ENV,
     CacheLocation,
+    expected_flags_hash,
+    platform_target,
     runtime_cache_location,
+    runtime_compiler_flags,
     runtime_environment,
     scan_modules,
     with_cache_dir,
@@ -124,3 +128,42 @@ def describe_location(location: CacheLocation | None) -> str:
     if location is None:
         return "no Neuron runtime installed"
     return f"{location.root} (from {location.source})"
+
+
+PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
+
+
+def host_product_name() -> str | None:
+    try:
+        return PRODUCT_NAME.read_text().strip()
+    except OSError:
+        return None
+
+
+def compiler_version_dir() -> str | None:
+    """`neuronxcc-<version>`, the directory the runtime files this compiler's modules under (from
+    `neuronx-cc --version`); None without a compiler on PATH."""
+    try:
+        out = subprocess.run(["neuronx-cc", "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = out.split("version", 1)[1].split() if "version" in out else []
+    return f"neuronxcc-{words[0]}" if words else None
+
+
+def compiler_view(recipe_flags: list[str]) -> dict:
+    """What the runtime will hand neuronx-cc for a training graph here: flags, their expected hash, the target
+    and who decided it, the compiler's version directory."""
+    target = platform_target(os.environ, host_product_name())
+    flags = runtime_compiler_flags(os.environ, recipe_flags, target)
+    if os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip():
+        decided = "NEURON_PLATFORM_TARGET_OVERRIDE"
+    else:
+        decided = "the host's instance type" if target else "the runtime (not a Trainium host by its product name)"
+    return {
+        "target": target,
+        "target_decided_by": decided,
+        "compiler_flags": flags,
+        "compiler_flags_hash": expected_flags_hash(flags) if target else None,
+        "compiler_version_dir": compiler_version_dir(),
+    }

@@ -11,6 +11,8 @@ NEURON_COMPILE_CACHE_URL, else /var/tmp/neuron-compile-cache. Under it:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 from collections.abc import Mapping
@@ -92,6 +94,55 @@ def runtime_environment(environ: Mapping[str, str], location: CacheLocation, rec
     if location.source == "runtime.compile_cache":
         out["NEURON_COMPILE_CACHE_URL"] = location.root
     return out
+
+
+def _wrapper_only(token: str) -> bool:
+    return any(token == f or token.startswith(f + "=") for f in WRAPPER_ONLY_FLAGS)
+
+
+def compiler_tokens(neuron_cc_flags: str) -> list[str]:
+    """NEURON_CC_FLAGS without the wrapper-only options (and the values of `--cache_dir X` / `--log_level X`):
+    what reaches neuronx-cc, in the order given."""
+    out, skip = [], False
+    for token in flag_tokens(neuron_cc_flags):
+        if skip:
+            skip = False
+        elif _wrapper_only(token):
+            skip = "=" not in token and token in ("--cache_dir", "--log_level")
+        else:
+            out.append(token)
+    return out
+
+
+def runtime_compiler_flags(environ: Mapping[str, str], recipe_flags: list[str], target: str | None) -> list[str]:
+    """The flags the runtime gives neuronx-cc for a training graph (and hashes into each module's name):
+    `--target=<platform>` first, then the user's NEURON_CC_FLAGS less the wrapper's own options, then the
+    recipe's flags that `runtime_environment` appends. Without a known target, the list starts at the user's."""
+    user = compiler_tokens(environ.get("NEURON_CC_FLAGS", ""))
+    flags = ([f"--target={target}"] if target else []) + user
+    return flags + [f for f in recipe_flags if f not in user]
+
+
+def expected_flags_hash(flags: list[str]) -> str:
+    """The `+<hash>` suffix real caches show for a flag list: md5 of its JSON, 8 hex digits (`d41d8cd9` for
+    none: the md5 of nothing). A prediction to compare with what the runtime writes (`module_flags_hash`), never
+    a module's name."""
+    return hashlib.md5(json.dumps(flags).encode() if flags else b"").hexdigest()[:8]
+
+
+def module_flags_hash(module: str) -> str:
+    """The flags hash in a module directory's name (`neuronxcc-<v>/MODULE_<key>+<hash>`)."""
+    return module.rsplit("+", 1)[-1] if "+" in module else ""
+
+
+def platform_target(environ: Mapping[str, str], product_name: str | None) -> str | None:
+    """The target the runtime compiles for: NEURON_PLATFORM_TARGET_OVERRIDE, else the host's instance family
+    (trn1/trn2/trn3 from its product name), else None (not a Trainium host: the runtime decides)."""
+    override = environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
+    if override:
+        return override
+    family = (product_name or "").strip().split(".")[0]
+    return family if family in ("trn1", "trn2", "trn3", "inf2") else None
 
 
 def module_state(names: set[str]) -> str:

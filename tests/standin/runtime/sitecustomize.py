@@ -7,3 +7,8 @@ if os.environ.get("NEURON_STANDIN_SALT"):
     from libneuronxla import _standin
 
     _standin.install()
+
+if os.environ.get("STANDIN_FAULT") == "wrong-data":
+    import standin_faults
+
+    standin_faults.install_wrong_data()

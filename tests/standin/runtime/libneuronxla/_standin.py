@@ -9,6 +9,11 @@ With NEURON_EXTRACT_GRAPHS_ONLY=1 the module's HLO and flags are written there a
 Otherwise a module with model.neff + model.done is a hit; a miss is compiled just in time with neuronx-cc (as
 the runtime does) and cached, a failed one cached as failed (model.log, no NEFF). Every event is a JSON line
 in NEURON_STANDIN_LOG.
+
+Faults for tests of `neurontrain doctor` (STANDIN_FAULT, only in `neurontrain run` processes that execute):
+  rename-at-run   module keys take another salt than at extraction (a runtime naming modules differently)
+  flags-at-run    the runtime adds --model-type=transformer to its flags (a flags hash that changes between
+                  precompile and run)
 """
 
 import atexit
@@ -42,6 +47,11 @@ def platform_target():
     return "trn2" if instance.startswith("trn2") else "trn1"
 
 
+def _fault(name):
+    executing = os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY", "") in ("", "0")
+    return os.environ.get("STANDIN_FAULT") == name and executing and sys.argv[1:2] == ["run"]
+
+
 def compiler_flags():
     tokens, out, skip = shlex.split(os.environ.get("NEURON_CC_FLAGS", "")), [], False
     for token in tokens:
@@ -51,7 +61,7 @@ def compiler_flags():
             skip = "=" not in token and token in ("--cache_dir", "--log_level", "--dump", "--compile_workdir")
         else:
             out.append(token)
-    return [f"--target={platform_target()}"] + out
+    return [f"--target={platform_target()}"] + out + (["--model-type=transformer"] if _fault("flags-at-run") else [])
 
 
 def flags_hash(flags):
@@ -108,7 +118,7 @@ def module_from_dump(data):
 
 
 def module_key(canonical):
-    salt = os.environ["NEURON_STANDIN_SALT"].encode()
+    salt = os.environ["NEURON_STANDIN_SALT"].encode() + (b"run" if _fault("rename-at-run") else b"")
     return str(int.from_bytes(hashlib.sha256(salt + canonical).digest()[:8], "big"))
 
 
