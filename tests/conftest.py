@@ -22,6 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "--xla_backend_optimization_level" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=1".strip()
+    # The suite starts hundreds of Python processes: with PYTHONDONTWRITEBYTECODE set (some machines set it) each
+    # one compiles every module it imports again; cached bytecode is what a user's install has anyway.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 # The heaviest modules first (seconds per module in a clean-clone CI run, most first): `--dist loadfile` hands
