@@ -6,6 +6,7 @@ Nothing is imported or initialised at import time: `select_backend()` does the w
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from neurontrain.backends.base import Backend
@@ -35,7 +36,10 @@ def backend_for(runtime: Any) -> Backend:
     CUDA), set once here for the process."""
     import torch  # lazy: see the module docstring
 
-    torch.set_float32_matmul_precision(runtime.matmul_precision)
+    with warnings.catch_warnings():  # torch 2.9 warns on each call that a newer API exists; this one is kept
+        warnings.simplefilter("ignore", UserWarning)
+        if torch.get_float32_matmul_precision() != runtime.matmul_precision:
+            torch.set_float32_matmul_precision(runtime.matmul_precision)
     return select_backend(runtime.backend, list(runtime.compiler_flags), list(runtime.xla_flags), runtime.fullgraph)
 
 

@@ -21,7 +21,13 @@ from neurontrain.checkpoint.formats import load_torch_file
 from neurontrain.errors import UsageError
 
 _XSER_MODULE, _XSER_CLASS = "torch_xla.utils.serialization", "TensorReference"
-_ALLOWED = {("collections", "OrderedDict"), ("builtins", "set"), ("torch", "Size")}
+_ALLOWED = {
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("torch", "Size"),
+    ("torch._utils", "_rebuild_tensor_v2"),  # tensors torch-xla's save left inline: it rewrites only XLA tensors
+    ("torch._utils", "_rebuild_parameter"),
+}
 
 
 class TensorReference:
@@ -52,7 +58,7 @@ class _RefUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) == (_XSER_MODULE, _XSER_CLASS):
             return TensorReference
-        if (module, name) in _ALLOWED:
+        if (module, name) in _ALLOWED or (module == "torch" and name.endswith("Storage")):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of an xser state dict")
 
@@ -90,10 +96,10 @@ class XserFile(Mapping):
             raise UsageError(f"{path} is not a readable xser checkpoint ({type(exc).__name__}: {exc})") from None
         if isinstance(refs, dict) and isinstance(refs.get("model"), dict):
             refs = refs["model"]
-        if not isinstance(refs, dict) or not all(isinstance(r, TensorReference) for r in refs.values()):
+        if not isinstance(refs, dict) or not all(isinstance(r, TensorReference | torch.Tensor) for r in refs.values()):
             raise UsageError(f"{path} does not hold a mapping of tensor names to xser tensor references")
-        self._refs: dict[str, TensorReference] = refs
-        self._loaded: dict[str, torch.Tensor] = {}
+        self._refs: dict[str, TensorReference | torch.Tensor] = refs
+        self._loaded: dict[str, torch.Tensor] = {n: t for n, t in refs.items() if isinstance(t, torch.Tensor)}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loaded:

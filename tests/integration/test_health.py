@@ -159,13 +159,14 @@ def test_a_worker_stopped_is_blamed_and_ended_with_every_process_of_the_run(tmp_
     marker = str(tmp_path)
     start = time.time()
     proc = _start(tmp_path, "--timeout", "20", env={"NT_TEST_MARKER": marker})
-    victim = _rank1_worker(marker, start + 20)
+    victim = _rank1_worker(marker, start + 60)  # a loaded host may take long to start torchrun's workers
     if when != "start-up":
-        while not (tmp_path / "work" / "rank1.json").exists() and time.time() < start + 20:
+        while not (tmp_path / "work" / "rank1.json").exists() and time.time() < start + 60:
             time.sleep(0.02)
     os.kill(victim, signal.SIGSTOP)
+    stopped = time.time()
     try:
-        _, stderr = proc.communicate(timeout=40)
+        _, stderr = proc.communicate(timeout=90)
         left = _marked(marker)  # as the command returns
     finally:
         for pid in _marked(marker):
@@ -177,7 +178,7 @@ def test_a_worker_stopped_is_blamed_and_ended_with_every_process_of_the_run(tmp_
     assert [b["rank"] for b in out["bad_ranks"] if isinstance(b["rank"], int)] == [1], out["bad_ranks"]
     assert out["bad_ranks"][0]["problem"] == "hung (process stopped, no heartbeat)"
     assert "rank 1 on" in stderr
-    assert time.time() - start < 20 + 10
+    assert time.time() - stopped < 20 + 30  # the coordinator's timeout, not a hang
 
 
 def test_a_worker_returning_wrong_data_is_named(tmp_path):
