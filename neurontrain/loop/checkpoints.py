@@ -108,6 +108,8 @@ def save_checkpoint(
     if not is_master and not all_ranks_save:
         return None
     save_fn(state, str(partial / STATE_FILE))  # collective on XLA: every rank calls it
+    if all_ranks_save:
+        barrier()  # no rank is still writing when worker 0 renames the directory
     if not is_master:
         return None
     (partial / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
