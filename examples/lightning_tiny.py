@@ -130,7 +130,8 @@ class LossRecorder(pl.Callback):
         self.losses.append(outputs["loss"].detach())
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.path.write_text(json.dumps([float(v.cpu()) for v in self.losses]))
+        if trainer.is_global_zero:  # one writer: every rank writing the same file interleaved their texts
+            self.path.write_text(json.dumps([float(v.cpu()) for v in self.losses]))
 
 
 class XlaCounters(pl.Callback):
