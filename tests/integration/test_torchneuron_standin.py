@@ -25,6 +25,7 @@ def _env(tmp_path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["TORCHNEURON_STANDIN_LOG"] = str(tmp_path / "standin.jsonl")
     env["TORCHNEURON_STANDIN_CORES"] = str(CORES)
+    env["TORCHNEURON_STANDIN_DEVICE"] = "1"
     return env
 
 

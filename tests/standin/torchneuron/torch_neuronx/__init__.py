@@ -8,8 +8,12 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
 - `torch.compile(backend="neuron")` rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
   a graph found there is loaded instead of compiled.
-What it cannot do: hold tensors. A PrivateUse1 device needs C++ kernels, so an op on `neuron` fails with PyTorch's
-own "Could not run 'aten::...' with arguments from the 'neuron' backend" error.
+- with TORCHNEURON_STANDIN_DEVICE=1 the device holds tensors (device.cpp: host memory, PyTorch's CPU fallback for
+  every operator, built once per machine by _device.py) and the first allocation initialises the runtime; the
+  `neuron` process group then runs collectives on neuron tensors through gloo on host copies
+  (_process_group.py); the NEFFs it keeps are also registered with torch.compiler.save_cache_artifacts.
+  Without it an op on `neuron` fails with PyTorch's own "Could not run 'aten::...'" error.
+What it cannot do: compile anything (a "NEFF" is the graph's code; the graph runs op by op on the host).
 
 Every event goes as one JSON line to $TORCHNEURON_STANDIN_LOG (when set), for the tests to read.
 """
@@ -24,9 +28,12 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
+
+from . import _device, _process_group
 
 CORES_ON_THE_HOST = int(os.environ.get("TORCHNEURON_STANDIN_CORES", "8"))
-_state = {"runtime_cores": None, "process_group": False}
+_state: dict = {"runtime_cores": None, "process_group": False, "device": None}
 
 
 def _log(event: str, **fields) -> None:
@@ -54,6 +61,8 @@ def _initialise_runtime(why: str) -> list[int]:
     if _state["runtime_cores"] is None:
         _state["runtime_cores"] = _visible_cores()
         _log("runtime initialised", why=why, cores=_state["runtime_cores"], process_group=_state["process_group"])
+        if _state["device"] is not None:
+            _device.set_device_count(_state["device"], len(_state["runtime_cores"]))
     return _state["runtime_cores"]
 
 
@@ -82,16 +91,38 @@ def _create_process_group(store, rank: int, size: int, timeout):
     os.environ.setdefault("NEURON_RT_ROOT_COMM_ID", f"{os.environ.get('MASTER_ADDR', 'localhost')}:62182")
     _state["process_group"] = True
     _log("process group", rank=rank, size=size, visible_cores=os.environ["NEURON_RT_VISIBLE_CORES"])
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+    return gloo if _state["device"] is None else _process_group.OnHostCopies(gloo, rank, size)
 
 
 def _neff_dir() -> str:
     return os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or "/tmp/neuron_backend/neff_cache"
 
 
+def _neff_path(key: str) -> str:
+    return os.path.join(_neff_dir(), f"MODULE_{key}", "graph.neff")
+
+
+class _NeffArtifact(CacheArtifact):
+    """A NEFF as torch.compiler.save_cache_artifacts carries it; load_cache_artifacts puts it back in the cache
+    directory (where the next compile of the graph finds it)."""
+
+    def populate_cache(self) -> None:
+        path = _neff_path(self.key)
+        if not os.path.isfile(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(self.content)
+
+    @staticmethod
+    def type() -> str:
+        return "neuron_neff"
+
+
 def _compile(gm: torch.fx.GraphModule, example_inputs: list):
     """The `neuron` torch.compile backend: static shapes only; a graph's NEFF is looked up in the cache directory
-    first, compiled (written) when absent. The graph then runs as traced (the stand-in has no device)."""
+    first, compiled (written) when absent, and recorded for save_cache_artifacts. The graph then runs as traced,
+    op by op (on the stand-in's host memory when the device is loaded)."""
     symbolic = [x for x in example_inputs if isinstance(x, torch.SymInt)]
     symbolic += [x for x in example_inputs if isinstance(x, torch.Tensor) and any(
         isinstance(s, torch.SymInt) for s in x.shape)]  # fmt: skip
@@ -100,7 +131,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list):
         raise RuntimeError("TorchNeuron stand-in: dynamic=True is rejected (dynamic shapes are not supported)")
     shapes = [list(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
     key = hashlib.sha256((gm.code + json.dumps(shapes)).encode()).hexdigest()[:20]
-    path = os.path.join(_neff_dir(), f"MODULE_{key}", "graph.neff")
+    path = _neff_path(key)
     if os.path.isfile(path):
         _log("neff loaded", key=key)
     else:
@@ -108,16 +139,26 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list):
         with open(path, "w") as fh:
             fh.write(gm.code)
         _log("neff compiled", key=key)
+    with open(path, "rb") as fh:
+        CacheArtifactManager.record_artifact(_NeffArtifact.type(), key, fh.read())
     return gm.forward
+
+
+def _first_use(why: str) -> None:
+    _initialise_runtime(f"first {why}")
 
 
 def _register() -> None:
     if torch._C._get_privateuse1_backend_name() != "neuron":
+        if os.environ.get("TORCHNEURON_STANDIN_DEVICE") == "1":
+            _state["device"] = _device.load(_first_use)
         torch.utils.rename_privateuse1_backend("neuron")
         torch._register_device_module("neuron", _device_module())
-        dist.Backend.register_backend("neuron", _create_process_group, devices=["cpu"])
+        devices = ["cpu"] if _state["device"] is None else ["cpu", "neuron"]
+        dist.Backend.register_backend("neuron", _create_process_group, devices=devices)
         from torch._dynamo import register_backend
 
+        CacheArtifactFactory.register(_NeffArtifact)
         register_backend(_compile, name="neuron")
     _log("imported", argv=sys.argv[:3])
 
