@@ -169,7 +169,7 @@ class NativeCacheUse:
     before: dict[str, int]
     neff_dir: Path | None = None  # TorchNeuron: its NEFF cache directory, and the files there at the start
     neffs_before: int = 0
-    neffs_restored: int = 0
+    neffs_restored: int = 0  # NEFF files the entry brought (its artifacts or its archive) that were not there
 
     @classmethod
     def start(cls, cache: Cache, plan: RunPlan, device_type: str, compiler: str) -> NativeCacheUse:
@@ -177,17 +177,17 @@ class NativeCacheUse:
         compile cache and restore the entry's NEFFs there."""
         path = native_entry_path(plan, device_type, compiler)
         neff_dir = point_neff_cache(os.environ, cache.local) if device_type == "neuron" else None
+        neffs_found = len(neff_files(neff_dir)) if neff_dir is not None else 0
         pulled = cache.pull_paths({path})
-        load = load_entry(cache.local, path)
-        restored = 0
+        load = load_entry(cache.local, path)  # TorchNeuron's own artifacts may put NEFFs back here already
         if load.refused:
             log.warning(f"compile cache: refused {path}: {load.refused}; not loaded, the run compiles its graphs")
         elif load.loaded:
             log.info(f"compile cache: loaded {load.artifacts} compile artifacts from {cache.local / path}")
             if neff_dir is not None and (cache.local / path / NEFF_ARCHIVE).is_file():
-                restored = restore_neffs(cache.local / path / NEFF_ARCHIVE, neff_dir)
+                restore_neffs(cache.local / path / NEFF_ARCHIVE, neff_dir)
         neffs = len(neff_files(neff_dir)) if neff_dir is not None else 0
-        return cls(load, pulled, counts_now(), neff_dir, neffs, restored)
+        return cls(load, pulled, counts_now(), neff_dir, neffs, neffs - neffs_found)
 
     def finish(self) -> dict:
         """The summary's `compile_cache["native"]`: the entry, whether it loaded, and the counters of the run:
