@@ -7,12 +7,12 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
   the device initialises the runtime, which without NEURON_RT_VISIBLE_CORES takes every core of the host;
 - `torch.compile(backend="neuron")` rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
-  a graph found there is loaded instead of compiled.
+  a graph found there is loaded instead of compiled; each NEFF is registered with torch.compiler's cache artifacts
+  (save_cache_artifacts carries it, load_cache_artifacts writes it back into the directory);
 - with TORCHNEURON_STANDIN_DEVICE=1 the device holds tensors (device.cpp: host memory, PyTorch's CPU fallback for
   every operator, built once per machine by _device.py) and the first allocation initialises the runtime; the
   `neuron` process group then runs collectives on neuron tensors through gloo on host copies
-  (_process_group.py); the NEFFs it keeps are also registered with torch.compiler.save_cache_artifacts.
-  Without it an op on `neuron` fails with PyTorch's own "Could not run 'aten::...'" error.
+  (_process_group.py). Without it an op on `neuron` fails with PyTorch's own "Could not run 'aten::...'" error.
 What it cannot do: compile anything (a "NEFF" is the graph's code; the graph runs op by op on the host).
 
 Every event goes as one JSON line to $TORCHNEURON_STANDIN_LOG (when set), for the tests to read.
