@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from neurontrain.checkpoint.mapped import MappedFiles, narrowed, nbytes
 from neurontrain.checkpoint.newer_writers import newer_torch_file, read_dcp_metadata
@@ -322,6 +320,8 @@ class DCPSource:
 
     def __init__(self, directory: Path, config: dict | None, layout: str = "dcp", writer: str = "") -> None:
         self.description, self.config, self.directory = f"DCP {directory}", config, directory
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # lazy: DCP sources only
+
         self.layout, self.writer = layout, writer or "torch.distributed.checkpoint (dcp.save)"
         metadata = read_dcp_metadata(directory)
         self._meta = {k: v for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
@@ -335,6 +335,8 @@ class DCPSource:
         return list(self._names)
 
     def _load(self, key: str) -> torch.Tensor:
+        import torch.distributed.checkpoint as dcp  # lazy: DCP sources only
+
         meta = self._meta[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
         with warnings.catch_warnings():

@@ -15,13 +15,14 @@ import importlib
 import pickle
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.checkpoint.filesystem as dcp_filesystem
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata
 
 from neurontrain.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 _RESAVE = "in the torch that wrote it, save its tensors with safetensors.torch.save_file and migrate that file"
 _RESAVE_DCP = (
@@ -116,6 +117,9 @@ def _major(version: object) -> int | None:
 
 def read_dcp_metadata(directory: Path) -> Metadata:
     """A DCP directory's metadata, or a UsageError of one line: which newer torch wrote it and what to do."""
+    import torch.distributed.checkpoint.filesystem as dcp_filesystem  # lazy: DCP sources only
+    from torch.distributed.checkpoint import FileSystemReader
+
     try:
         metadata = FileSystemReader(str(directory)).read_metadata()
     except Exception as exc:
