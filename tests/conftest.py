@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # one compiles every module it imports again; cached bytecode is what a user's install has anyway.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # The fact cache (neurontrain/fact_cache.py) of this session only: a run of the suite derives each fact once
+    # and reads it afterwards, never a fact an earlier run or another checkout left in ~/.cache.
+    if "NEURONTRAIN_FACT_CACHE" not in os.environ:
+        os.environ["NEURONTRAIN_FACT_CACHE"] = tempfile.mkdtemp(prefix="neurontrain-facts-")
 
 
 # The heaviest modules first (seconds per module in a clean-clone CI run, most first): `--dist loadfile` hands

@@ -10,8 +10,10 @@ converters merge are merged by those converters (converted.py: Mixtral's per-exp
 `mlp.experts.gate_up_proj` and `down_proj`), so names a checkpoint written by transformers holds match the model
 it loads into; a converter that is not applied is refused naming a tensor it converts. Entries the mapping
 leaves over (optimizer state, step counters, other modules) are reported, not converted. No fit or several:
-UsageError naming the closest candidates. `check_loads` loads names and shapes into the model with strict=True,
-which migrate runs on its output before publishing it.
+UsageError naming the closest candidates. `check_loads` holds names and shapes against the model's state dict as
+`load_state_dict(strict=True)` does, which migrate runs on its output before publishing it. What is read of the
+model (names, shapes, tied groups, orders, whether converters apply, the renamed keys) is kept in the fact cache
+(fact_cache.py): the next migration of a model of the same config imports no modeling module.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import transformers
 from neurontrain.checkpoint.converted import ConvertedSource, supported
 from neurontrain.checkpoint.formats import TensorSource, optimizer_by_name
 from neurontrain.errors import NeurontrainError, UsageError
+from neurontrain.fact_cache import read_fact, write_fact
 
 if TYPE_CHECKING:
     from transformers.core_model_loading import WeightConverter, WeightRenaming
@@ -53,19 +56,37 @@ class ModelNames:
     orders: list[list[str]]  # canonical parameter names in the orders optimizers are built in
 
 
+@dataclass(frozen=True)
+class _Facts:
+    names: ModelNames
+    converters: bool  # transformers merges or splits tensors of this model on load: matching builds the model
+
+
 @functools.lru_cache(maxsize=8)
+def _facts(config_json: str) -> _Facts:
+    """What matching reads of the config's model, from the fact cache (fact_cache.py) or by building it on the
+    meta device (then stored: the next migration of this model imports no modeling module)."""
+    stored = read_fact("model-names", json.loads(config_json))
+    if stored is None:
+        with torch.device("meta"):
+            model = model_from_config(json.loads(config_json))
+        state = model.state_dict(keep_vars=True)
+        by_tensor: dict[int, list[str]] = {}
+        for name, tensor in state.items():
+            by_tensor.setdefault(id(tensor), []).append(name)
+        params = [n for n, _ in model.named_parameters()]
+        matrices = [n for n in params if state[n].ndim >= 2]
+        orders = [params, matrices + [n for n in params if n not in matrices]]
+        shapes = [[n, list(t.shape)] for n, t in state.items()]
+        converters = bool(_conversions(config_json)[1])
+        stored = {"shapes": shapes, "groups": list(by_tensor.values()), "orders": orders, "converters": converters}
+        write_fact("model-names", json.loads(config_json), stored)
+    shapes = {n: tuple(shape) for n, shape in stored["shapes"]}
+    return _Facts(ModelNames(shapes, stored["groups"], stored["orders"]), stored["converters"])
+
+
 def _model_names(config_json: str) -> ModelNames:
-    with torch.device("meta"):
-        model = model_from_config(json.loads(config_json))
-    state = model.state_dict(keep_vars=True)
-    by_tensor: dict[int, list[str]] = {}
-    for name, tensor in state.items():
-        by_tensor.setdefault(id(tensor), []).append(name)
-    params = [n for n, _ in model.named_parameters()]
-    matrices = [n for n in params if state[n].ndim >= 2]
-    orders = [params, matrices + [n for n in params if n not in matrices]]
-    shapes = {n: tuple(t.shape) for n, t in state.items()}
-    return ModelNames(shapes, list(by_tensor.values()), orders)
+    return _facts(config_json).names
 
 
 def model_names(config: dict) -> ModelNames:
@@ -107,17 +128,25 @@ def needs_conversion(keys: list[str], config: dict) -> tuple[str, str, str] | No
 
 def converted(raw: TensorSource, config: dict) -> TensorSource:
     """`raw` with the tensors transformers merges on load merged (converted.py), or `raw` when it holds none."""
+    if not _facts(json.dumps(config, sort_keys=True)).converters:
+        return raw
     renamings, converters = _conversions(json.dumps(config, sort_keys=True))
     source = ConvertedSource(raw, renamings, converters)
     return source if source.merged else raw
 
 
 def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
-    """{the name transformers loads a checkpoint entry under: the entry's name}, the first entry winning."""
-    renamings = list(_renamings(json.dumps(config, sort_keys=True)))
+    """{the name transformers loads a checkpoint entry under: the entry's name}, the first entry winning (the
+    renamed keys kept in the fact cache)."""
+    material = {"config": config, "keys": keys}
+    renamed = read_fact("loaded-names", material)
+    if renamed is None or len(renamed) != len(keys):
+        renamings = list(_renamings(json.dumps(config, sort_keys=True)))
+        renamed = [_apply_renamings(key, renamings) if renamings else key for key in keys]
+        write_fact("loaded-names", material, renamed)
     out: dict[str, str] = {}
-    for key in keys:
-        out.setdefault(_apply_renamings(key, renamings) if renamings else key, key)
+    for name, key in zip(renamed, keys):
+        out.setdefault(name, key)
     return out
 
 
@@ -302,24 +331,36 @@ class MappedSource:
 
 
 def check_loads(config: dict, shapes: dict[str, tuple[int, ...]], what: str) -> None:
-    """Load the given names and shapes into the config's model with strict=True (on the meta device); a
-    NeurontrainError if they do not load."""
-    names = model_names(config)
-    state = {n: torch.empty(s, device="meta") for n, s in shapes.items()}
-    for group in names.groups:
-        present = next((n for n in group if n in state), None)
-        for n in group:
-            if present is not None and n not in state:
-                state[n] = state[present]
-    with torch.device("meta"):
-        model = model_from_config(config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:300]
+    """What `load_state_dict(strict=True)` of these names and shapes into the config's model refuses (missing
+    keys, unexpected keys, size mismatches), against the model's state dict (a tied tensor under any of its
+    names); a NeurontrainError if anything."""
+    problem = load_problem(model_names(config), shapes)
+    if problem:
         raise NeurontrainError(
-            f"{what} would not load into {architecture(config)} with strict=True, so it was not written: {detail}"
-        ) from None
+            f"{what} would not load into {architecture(config)} with strict=True, so it was not written: "
+            f"{problem[:300]}"
+        )
+
+
+def load_problem(names: ModelNames, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """The refusal of a strict load, in load_state_dict's words, or None (pure)."""
+    given = dict(shapes)
+    for group in names.groups:
+        present = next((n for n in group if n in given), None)
+        for n in group:
+            if present is not None and n not in given:
+                given[n] = given[present]
+    missing = [n for n in names.shapes if n not in given]
+    unexpected = [n for n in given if n not in names.shapes]
+    parts = [f"{kind} key(s) in state_dict: " + ", ".join(f'"{n}"' for n in found) + "." for kind, found in (
+        ("Missing", missing), ("Unexpected", unexpected)) if found]  # fmt: skip
+    parts += [
+        f"size mismatch for {n}: copying a param with shape {list(given[n])}, the shape in current model is "
+        f"{list(want)}."
+        for n, want in names.shapes.items()
+        if n in given and tuple(given[n]) != tuple(want)
+    ]
+    return " ".join(parts) or None
 
 
 def _apply_converters(key: str, converters: list) -> tuple:

@@ -29,8 +29,24 @@ from neurontrain.checkpoint.mapped import MappedFiles, narrowed, nbytes
 from neurontrain.checkpoint.xser import XserFile, is_xser
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.parallel.nxd_layout import MOMENTS, SPEC_FILE, Naming, fuse_rank, fused_groups, unfuse_moments
-from neurontrain.parallel.rules import ShardingSpec, merge, neuron_name, piece_of, rule_for, split_fused, stage_of
+from neurontrain.parallel.nxd_layout import (
+    MOMENTS,
+    SPEC_FILE,
+    Naming,
+    fuse_rank,
+    fused_groups,
+    merged_shape,
+    unfuse_moments,
+)
+from neurontrain.parallel.rules import (
+    ShardingSpec,
+    merge,
+    neuron_name,
+    piece_of,
+    rule_for,
+    split_fused,
+    stage_of,
+)
 
 log = get_logger(__name__)
 
@@ -173,9 +189,8 @@ class NxdReader:
 
     def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
         """The merged tensor's shape and dtype, from the pieces' (no tensor data is read)."""
-        pieces = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in self._pieces(name)]
-        merged = merge(self.spec, rule_for(self.spec, name), pieces)
-        return tuple(merged.shape), merged.dtype
+        pieces = self._pieces(name)
+        return merged_shape(self.spec, rule_for(self.spec, name), [tuple(p.shape) for p in pieces]), pieces[0].dtype
 
     def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """AdamW state under HF names, read one rank file at a time: each file's pieces are copied out before the

@@ -11,6 +11,7 @@ from neurontrain.checkpoint.matching import MappedSource
 from neurontrain.checkpoint.nxd import NxdReader, incomplete_tags, is_nxd_checkpoint
 from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader, shards_of
 from neurontrain.errors import UsageError
+from neurontrain.loop.checkpoints import latest_checkpoint
 
 
 def _toolkit_config(checkpoint_dir: Path) -> Path | None:
@@ -35,8 +36,6 @@ def open_checkpoint(path: Path, config: Path | None = None) -> TensorSource:
     if path.is_dir() and (path / "state.pt").is_file():  # a toolkit training checkpoint
         source = open_gpu_checkpoint(path / "state.pt", config or _toolkit_config(path))
     elif path.is_dir() and (path / "checkpoints").is_dir():  # a run's output directory: its newest checkpoint
-        from neurontrain.loop.checkpoints import latest_checkpoint  # lazy: the recipe models, for this case only
-
         latest = latest_checkpoint(path / "checkpoints")
         if latest is None:
             raise UsageError(f"{path}/checkpoints holds no complete checkpoint")

@@ -6,6 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.checkpoint.report import describe, inspect_checkpoint
+from neurontrain.checkpoint.verify import compare, logits_diff, open_pair
 from neurontrain.commands.arguments import options_from
 from neurontrain.errors import UsageError
 
@@ -74,21 +77,13 @@ def run(args: argparse.Namespace) -> int:
     return _migrate(args) if args.checkpoint_command == "migrate" else _verify(args)
 
 
-# the checkpoint modules are imported by the verb that uses them: torch and transformers are most of a
-# migration's start-up, and `--help` or a usage error needs neither
-
-
 def _inspect(args: argparse.Namespace) -> int:
-    from neurontrain.checkpoint.report import describe, inspect_checkpoint
-
     report = inspect_checkpoint(Path(args.src), Path(args.config) if args.config else None)
     print(json.dumps(report, indent=2) if args.json else "\n".join(describe(report)))
     return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from neurontrain.checkpoint.migrate import MigrateOptions, migrate
-
     shard_size = {"max_shard_bytes": _size_in_bytes(args.max_shard_size)} if args.to == "gpu" else {}
     options = options_from(
         MigrateOptions,
@@ -102,7 +97,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _size_in_bytes(size: str) -> int:
-    from transformers.utils.hub import convert_file_size_to_int
+    from transformers.utils.hub import convert_file_size_to_int  # lazy: --to gpu only
 
     try:
         return convert_file_size_to_int(size.strip())
@@ -111,8 +106,6 @@ def _size_in_bytes(size: str) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from neurontrain.checkpoint.verify import compare, logits_diff, open_pair
-
     config = Path(args.config) if args.config else None
     a, b, model_config = open_pair(Path(args.a), Path(args.b), config, Path(args.logits) if args.logits else None)
     result = compare(a, b, args.atol)

@@ -10,7 +10,15 @@ from collections.abc import Callable
 
 import torch
 
-from neurontrain.parallel.rules import ShardingSpec, neuron_name, rule_for, split_fused
+from neurontrain.parallel.rules import (
+    PACKED,
+    ShardingSpec,
+    neuron_name,
+    refuse_vocab_rows,
+    rule_for,
+    split_dim,
+    split_fused,
+)
 
 Naming = Callable[[ShardingSpec, str, str], str]  # (spec, hf name, rule) -> the tensor's name in a rank file
 
@@ -108,3 +116,21 @@ def unfuse_moments(
         for name, _ in members:  # a copy each: AdamW increments a tensor step in place, once per parameter
             out[name]["step"] = torch.as_tensor(fused[target]["step"]).clone()
     return out
+
+
+def merged_shape(spec: ShardingSpec, rule: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape `merge` gives pieces of these shapes, by arithmetic (meta-device ops import TorchDynamo)."""
+    out, dim = list(shapes[0]), 0 if rule == "vocab" else split_dim(rule, len(shapes[0]))
+    heads = spec.num_heads + (2 * spec.num_kv_heads if rule in PACKED else 0)
+    if rule == "gate_up_packed":
+        out[dim] *= spec.tp
+    elif rule in PACKED or rule in ("q", "o"):
+        out[dim] = heads * spec.head_dim
+    elif rule in ("vocab", "column", "gate", "up", "row", "k", "v", "conv1d_column", "conv1d_row"):
+        kept = shapes[: spec.num_kv_heads] if rule in ("k", "v") and spec.tp > spec.num_kv_heads else shapes
+        out[dim] = sum(shape[dim] for shape in kept)
+        if rule == "vocab" and spec.vocab_padding:
+            out[0] = spec.vocab_size if out[0] == spec.vocab_rows else refuse_vocab_rows(spec, out[0])
+    elif rule != "replicate":
+        raise ValueError(rule)
+    return tuple(out)

@@ -24,6 +24,7 @@ import functools
 import re
 
 from neurontrain.errors import UsageError
+from neurontrain.fact_cache import read_fact, write_fact
 from neurontrain.parallel.rule_tables import HAND_RULES, TRAINING_REFUSALS
 
 _LEAF_RULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up"}
@@ -46,7 +47,17 @@ def config_object(config: dict):
 
 @functools.lru_cache(maxsize=32)
 def tp_plan(model_type: str) -> tuple[str, dict[str, str]] | None:
-    """(base_model_prefix, base_model_tp_plan) of the model type, or None when its config has no plan."""
+    """(base_model_prefix, base_model_tp_plan) of the model type, or None when its config has no plan. The
+    prefix is a class attribute of the modeling module, whose import takes a second: kept in the fact cache."""
+    stored = read_fact("tp-plan", model_type)
+    if stored is None:
+        found = _tp_plan_of(model_type)
+        stored = {"found": list(found) if found else None}
+        write_fact("tp-plan", model_type, stored)
+    return (stored["found"][0], dict(stored["found"][1])) if stored["found"] else None
+
+
+def _tp_plan_of(model_type: str) -> tuple[str, dict[str, str]] | None:
     import transformers  # lazy: seconds to import
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # lazy: as above
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES  # lazy: as above

@@ -3,9 +3,8 @@
 A model family is a list of (pattern, rule) pairs over Hugging Face parameter names; the first match wins.
 They are resolved from transformers' tensor-parallel plan or a hand table (plans.py) and stored in the spec.
 Rules:
-  replicate   every TP rank holds the whole tensor
-  vocab       split on dim 0 (embeddings, lm_head: vocabulary-parallel), zero-padded to padded_vocab_size
-  column      split on dim 0 (column-parallel weights and their biases; dim 1 of 3-D expert weights)
+  replicate   every TP rank holds the whole tensor;  vocab  split on dim 0 (embeddings, lm_head), zero-padded
+  column      split on dim 0 (column-parallel weights and their biases; dim 1 of 3-D expert weights);
   row         split on the last dim (row-parallel weights; their biases are replicated)
   q / k / v   attention projections, split by heads with GQA awareness (see below); may be fused
   o           attention output, split on dim 1 by the query heads each rank holds
@@ -15,14 +14,14 @@ Rules:
   gate_up_packed  a fused gate|up projection: the rank's rows of each half
   conv1d_column / conv1d_row  Conv1D weights, (in, out): split on dim 1 / dim 0
 
-GQA (Neuron's layout): with TP > KV heads, M = TP / KV copies of each KV head are made (`full.repeat(M, 1)`)
-so rank r holds KV head r mod KV, and the query heads are permuted so each rank holds the query heads that
-use its KV head under Hugging Face's grouping (and o_proj's matching columns). With TP <= KV heads, heads
-are split contiguously and no permutation is needed. Merging keeps the first copy of each KV head.
+GQA (Neuron's layout): with TP > KV heads, M = TP / KV copies of each KV head are made (`full.repeat(M, 1)`) so
+rank r holds KV head r mod KV, and the query heads are permuted so each rank holds the query heads that use its KV
+head under Hugging Face's grouping (and o_proj's columns). With TP <= KV heads, heads are split contiguously and
+not permuted. Merging keeps the first copy of each KV head.
 
-Vocabulary padding (as Megatron and NxD's parallel embedding do): when TP does not divide the vocabulary,
-or a multiple is asked for, vocab-split tensors get zero rows appended up to the padded size before the
-split; merging drops them again, whatever training wrote into them.
+Vocabulary padding (as Megatron and NxD's parallel embedding do): when TP does not divide the vocabulary, or a
+multiple is asked for, vocab-split tensors get zero rows appended up to the padded size before the split; merging
+drops them again, whatever training wrote into them.
 """
 
 from __future__ import annotations
@@ -355,9 +354,9 @@ def merge(spec: ShardingSpec, rule: str, pieces: list[torch.Tensor]) -> torch.Te
         return pieces[0]
     if rule == "vocab" and spec.vocab_padding:
         full = torch.cat(pieces, dim=0)
-        if full.shape[0] != spec.vocab_rows:
-            raise UsageError(f"the shards hold {full.shape[0]} vocabulary rows, the spec says {spec.vocab_rows}")
-        return full[: spec.vocab_size].clone()
+        return (
+            full[: spec.vocab_size].clone() if full.shape[0] == spec.vocab_rows else refuse_vocab_rows(spec, len(full))
+        )
     if rule in PACKED:
         return _merge_packed(spec, rule, pieces)
     dim = split_dim(rule, pieces[0].dim())
@@ -373,6 +372,10 @@ def merge(spec: ShardingSpec, rule: str, pieces: list[torch.Tensor]) -> torch.Te
     if rule in ("vocab", "column", "gate", "up", "row", "k", "v", "conv1d_column", "conv1d_row"):
         return torch.cat(pieces, dim=dim)
     raise ValueError(rule)
+
+
+def refuse_vocab_rows(spec: ShardingSpec, rows: int):
+    raise UsageError(f"the shards hold {rows} vocabulary rows, the spec says {spec.vocab_rows}")
 
 
 def split_fused(spec: ShardingSpec, kind: str, fused: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from neurontrain.checkpoint import converted, matching
 from neurontrain.checkpoint.initial import load_initial_weights
 from neurontrain.checkpoint.matching import loaded_names
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.report import inspect_checkpoint
 from neurontrain.errors import UsageError
 from neurontrain.parallel.memory import Config, ModelShape, Param, Workload, estimate, resolve_target, sharding_spec
@@ -47,6 +48,8 @@ def test_family_round_trip_through_tp2_is_bit_identical(tmp_path, capsys, family
         assert code == 0, err
     spec = json.loads((nxd / "checkpoint_spec.json").read_text())
     assert spec["rules"] and spec["family"] == family.model_type
+    shards = NxdReader(nxd)  # the shapes it reports by arithmetic (merged_shape) are those of the merged tensors
+    assert all(shards.meta(name) == (tuple(shards.get(name).shape), shards.get(name).dtype) for name in shards.keys())
     config = json.loads((src / "config.json").read_text())
     saved = load_file(str(src / "model.safetensors"))
     original = {name: saved[key] for name, key in loaded_names(list(saved), config).items()}
