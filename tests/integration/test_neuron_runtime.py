@@ -18,6 +18,8 @@ from neurontrain.compile.runtime_compile import default_compile_workers, host_me
 pytestmark = pytest.mark.slow
 
 SHORT = ["--set", "train.max_steps=4", "--set", "train.log_every=2", "--set", "train.schedule.warmup_steps=1"]
+# where what is checked is not which graphs a run has, one graph fewer to trace and compile: no eval graph
+NO_EVAL = [*SHORT, "--set", "train.eval_at_end=false"]
 
 
 def _events(read_log, kind):
@@ -82,7 +84,7 @@ def test_cache_dir_flag_relocates_everything_and_the_target_follows_the_host(tmp
         str(recipes / "tiny-llama-clm.yaml"),
         "--set",
         f"runtime.compile_cache={recipe_cache}",
-        *SHORT,
+        *NO_EVAL,
         "--set",
         "runtime.preflight=false",
         "--set",
@@ -134,7 +136,7 @@ def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, 
         str(recipes / "tiny-llama-clm.yaml"),
         "--set",
         f"runtime.compile_cache={cache}",
-        *SHORT,
+        *NO_EVAL,
         "--set",
         "runtime.preflight=false",
     ]
@@ -174,7 +176,7 @@ def test_extraction_run_keeps_nothing(tmp_path, recipes, neuron_runtime):
         str(recipes / "tiny-llama-clm.yaml"),
         "--set",
         f"runtime.compile_cache={tmp_path / 'cache'}",
-        *SHORT,
+        *NO_EVAL,
         "--set",
         "checkpoint.every=2",
         "--set",
@@ -221,7 +223,7 @@ def test_fleet_through_s3_and_import_of_a_runtime_cache(tmp_path, recipes, neuro
         str(recipes / "tiny-llama-clm.yaml"),
         "--set",
         f"runtime.compile_cache={store}",
-        *SHORT,
+        *NO_EVAL,
         "--set",
         "runtime.preflight=false",
     ]
