@@ -84,6 +84,7 @@ def test_precompiled_modules_are_what_the_runtime_named_and_every_run_loads_them
     report = read_json(kept / "precompile-1.json")
     named = _manifest_modules(report)
     assert {e["module"] for e in _events(quick, kept / "precompile-1.json", "extract")} == named
+    assert _events(quick, kept / "precompile-1.json", "miss") == []  # the runtime created no other directory
     assert report["failed"] == 0 and report["compiled"] == len(named)
     assert all({"model.neff", "model.done"} <= {p.name for p in (kept / "cache" / m).iterdir()} for m in named)
     compiles = [e for e in quick["read_log"]() if e["event"] == "parallel_compile"]
