@@ -1,6 +1,8 @@
 """`neurontrain doctor` on XLA:CPU against the stand-in Neuron runtime (tests/standin/runtime: module keys salted
 per test, from XLA's own module dumps) and the NxD stand-in: `--quick` once, every check passing; then each check
-alone, on the quick run's kept artifacts, failing with its own line under a fault the stand-ins inject."""
+alone, on the quick run's kept artifacts, failing with its own line under a fault the stand-ins inject. The quick
+run's precompiles and runs are also where the Llama family's "precompile, then every run graph is a cache hit" is
+checked against the runtime's own log (the BERT family's: test_neuron_runtime.py)."""
 
 import json
 import os
@@ -12,6 +14,7 @@ import torch
 from conftest import REPO, read_json, run_cli, standin_runtime
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.compile.runtime_compile import default_compile_workers, host_memory_bytes
 from neurontrain.doctor.checks import CHECKS
 from neurontrain.doctor.context import DoctorContext, scratch_environment
 from neurontrain.doctor.report import passed
@@ -26,7 +29,7 @@ BY_NAME = {c.name: c for c in CHECKS}
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("doctor")
-    env, _ = standin_runtime(root)
+    env, read_log = standin_runtime(root)
     nxd = str(REPO / "tests" / "standin" / "nxd")
     env.update(
         PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], nxd]),
@@ -36,7 +39,7 @@ def quick(tmp_path_factory) -> dict:
     )
     kept, report = root / "kept", root / "report.json"
     result = run_cli("doctor", "--quick", "--keep", str(kept), "--json", str(report), env=env, timeout=1800)
-    return {"root": root, "env": env, "kept": kept, "result": result, "report": read_json(report)}
+    return {"root": root, "env": env, "kept": kept, "result": result, "report": read_json(report), "read_log": read_log}
 
 
 def test_quick_passes_every_check_and_reports_without_secrets(quick):
@@ -59,6 +62,46 @@ def test_quick_passes_every_check_and_reports_without_secrets(quick):
     assert compiled["extraction run"] == {"files_published": 0, "modules_compiled": 0}
     assert checks["data-parallel"]["figures"]["worst_relative_loss_difference"] <= 1e-5
     assert checks["checkpoint"]["figures"]["weights_bit_identical"] is True
+
+
+def _events(quick, named: Path, kind: str) -> list[dict]:
+    """The stand-in runtime's `kind` events in the doctor's processes whose command line names `named`."""
+    return [e for e in quick["read_log"]() if e["event"] == kind and str(named) in e["argv"]]
+
+
+def _manifest_modules(report: dict) -> set[str]:
+    graphs = read_json(report["manifest"])["graphs"]
+    assert graphs and all(g["modules"] for g in graphs)
+    return {m for g in graphs for m in g["modules"]}
+
+
+def test_precompiled_modules_are_what_the_runtime_named_and_every_run_loads_them(quick):
+    """The compile-once check's runs, seen from the runtime's side: precompile's manifest names exactly the
+    modules the runtime extracted, its parallel compile (pool size not given: one compiler per 64 GiB of this
+    host) compiled each one, and the runs then load every one from the cache, both workers of the 2-worker run
+    (its own plan, micro-step + optimizer graphs, precompiled at that world size): no module compiled at run time."""
+    kept = quick["kept"]
+    report = read_json(kept / "precompile-1.json")
+    named = _manifest_modules(report)
+    assert {e["module"] for e in _events(quick, kept / "precompile-1.json", "extract")} == named
+    assert _events(quick, kept / "precompile-1.json", "miss") == []  # the runtime created no other directory
+    assert report["failed"] == 0 and report["compiled"] == len(named)
+    assert all({"model.neff", "model.done"} <= {p.name for p in (kept / "cache" / m).iterdir()} for m in named)
+    compiles = [e for e in quick["read_log"]() if e["event"] == "parallel_compile"]
+    assert [e["num_parallel"] for e in compiles] == [default_compile_workers(host_memory_bytes())] * 2
+
+    assert _events(quick, kept / "run-1", "miss") == []
+    assert {e["module"] for e in _events(quick, kept / "run-1", "hit")} == named
+    summary = read_json(kept / "run-1" / "summary.json")
+    assert summary["neuron_cache"]["compiled_at_run_time"] == 0
+    assert summary["neuron_cache"]["cache_hits"] == summary["compilations"] > 0
+
+    two = _manifest_modules(read_json(kept / "precompile-2.json"))
+    assert _events(quick, kept / "run-2", "miss") == []
+    hits = _events(quick, kept / "run-2", "hit")
+    assert {e["module"] for e in hits} <= two
+    assert len({e["pid"] for e in hits}) >= 2  # both workers loaded from the cache
+    assert read_json(kept / "run-2" / "summary.json")["neuron_cache"]["compiled_at_run_time"] == 0
 
 
 def _context(quick, tmp_path, fault: str | None, nproc: int = 2) -> DoctorContext:

@@ -2,9 +2,11 @@
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
-from conftest import read_json, run_cli
+from conftest import RECIPES, read_json, run_cli
 
 from neurontrain.compile.graphs import graph_id
 
@@ -18,6 +20,41 @@ SMALL = [
     "--set",
     "train.log_every=4",
 ]
+
+
+def _args(cache, recipe, packing):
+    return [
+        str(RECIPES / f"{recipe}.yaml"),
+        "--set",
+        f"runtime.compile_cache={cache}",
+        *SMALL,
+        "--set",
+        f"data.packing={packing}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def bert_precompiled(tmp_path_factory):
+    """BERT without packing precompiled once for the tests that start from it: (cache, its precompile report)."""
+    root = tmp_path_factory.mktemp("bert-precompiled")
+    pre = run_cli(
+        "precompile", *_args(root / "cache", "tiny-bert-classification", "off"), "--json", str(root / "pre.json")
+    )
+    assert pre.returncode == 0, pre.stderr
+    return root / "cache", read_json(root / "pre.json")
+
+
+def _precompiled(tmp_path, recipe, packing, bert_precompiled):
+    """A cache with `recipe` precompiled (a copy of the module's where it has one) and the precompile's report,
+    its manifest path pointing into this cache."""
+    cache = tmp_path / "cache"
+    if (recipe, packing) == ("tiny-bert-classification", "off"):
+        shared, report = bert_precompiled
+        shutil.copytree(shared, cache)
+        return cache, {**report, "manifest": str(cache / Path(report["manifest"]).relative_to(shared))}
+    pre = run_cli("precompile", *_args(cache, recipe, packing), "--json", str(tmp_path / "pre.json"))
+    assert pre.returncode == 0, pre.stderr
+    return cache, read_json(tmp_path / "pre.json")
 
 
 def _compiled_graph_ids(dump_dir):
@@ -35,13 +72,9 @@ def _compiled_graph_ids(dump_dir):
     ("recipe", "packing"),
     [("tiny-bert-classification", "off"), ("tiny-llama-clm", "off"), ("tiny-bert-classification", "on")],
 )
-def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, recipe, packing):
-    cache = tmp_path / "cache"
-    args = [str(recipes / f"{recipe}.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL]
-    args += ["--set", f"data.packing={packing}"]
-    pre = run_cli("precompile", *args, "--json", str(tmp_path / "pre.json"))
-    assert pre.returncode == 0, pre.stderr
-    report = read_json(tmp_path / "pre.json")
+def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipe, packing, bert_precompiled):
+    cache, report = _precompiled(tmp_path, recipe, packing, bert_precompiled)
+    args = _args(cache, recipe, packing)
     assert report["failed"] == 0 and report["graphs_found"] >= 3
     assert "compilation happens at run time" in report["note"]
     manifest = read_json(report["manifest"])
@@ -74,11 +107,10 @@ def test_precompile_finds_exactly_the_graphs_run_compiles(tmp_path, recipes, rec
     assert manifest["discovery_seconds"] > 0
 
 
-def test_a_graph_missing_from_the_manifest_is_reported(tmp_path, recipes):
-    cache = tmp_path / "cache"
-    args = [str(recipes / "tiny-bert-classification.yaml"), "--set", f"runtime.compile_cache={cache}", *SMALL]
-    assert run_cli("precompile", *args, "--json", str(tmp_path / "pre.json")).returncode == 0
-    path = read_json(tmp_path / "pre.json")["manifest"]
+def test_a_graph_missing_from_the_manifest_is_reported(tmp_path, bert_precompiled):
+    cache, report = _precompiled(tmp_path, "tiny-bert-classification", "off", bert_precompiled)
+    args = _args(cache, "tiny-bert-classification", "off")
+    path = report["manifest"]
     manifest = read_json(path)
     dropped = next(g for g in manifest["graphs"] if g["key"][0] == "eval")
     manifest["graphs"] = [g for g in manifest["graphs"] if g is not dropped]

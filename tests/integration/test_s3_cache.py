@@ -1,4 +1,6 @@
-"""The s3:// compile cache against a real HTTP S3 endpoint (moto server on 127.0.0.1) through the CLI."""
+"""The s3:// compile cache against a real HTTP S3 endpoint (moto server on 127.0.0.1) through the CLI: `neurontrain
+cache` in this process (each test's environment its own), in processes of their own where they run concurrently
+or where a fresh process matters (credentials), and for precompile and the runs."""
 
 import hashlib
 import json
@@ -8,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, read_json, run_cli
+from conftest import REPO, cli_in_process, read_json, run_cli
 
 
 def _fake_cache(root, seed, n_graphs=5, n_modules=3):
@@ -37,33 +39,42 @@ def _tree(root):
     }
 
 
-def _cli(*args, env=None):
-    return run_cli("cache", *args, env={**os.environ, **(env or {})}, timeout=300)
+@pytest.fixture
+def cache_cli(capsys, monkeypatch):
+    """`neurontrain cache ARGS` in this process, with `env` added to its environment: a CompletedProcess."""
+
+    def cli(*args, env=None):
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        code, out, err = cli_in_process(capsys, "cache", *args)
+        return subprocess.CompletedProcess(["neurontrain", "cache", *args], code, out, err)
+
+    return cli
 
 
-def test_push_pull_round_trip_is_byte_identical_and_second_pull_transfers_nothing(tmp_path, s3_bucket):
+def test_push_pull_round_trip_is_byte_identical_and_second_pull_transfers_nothing(tmp_path, s3_bucket, cache_cli):
     bucket, _ = s3_bucket
     src, dst = tmp_path / "a", tmp_path / "b"
     _fake_cache(src, seed=1)
     url = f"s3://{bucket}/team/cache"
-    push = _cli("push", "--cache", url, "--local", str(src))
+    push = cache_cli("push", "--cache", url, "--local", str(src))
     assert push.returncode == 0, push.stderr
     assert json.loads(push.stdout)["entries"] == 9
-    pull = _cli("pull", "--cache", url, "--local", str(dst))
+    pull = cache_cli("pull", "--cache", url, "--local", str(dst))
     assert pull.returncode == 0, pull.stderr
     assert json.loads(pull.stdout)["entries"] == 9
     assert _tree(src) == _tree(dst)
-    again = _cli("pull", "--cache", url, "--local", str(dst))
+    again = cache_cli("pull", "--cache", url, "--local", str(dst))
     assert json.loads(again.stdout) == {"entries": 0, "objects": 0, "bytes": 0, "skipped": 9, "refused": []}
-    repush = _cli("push", "--cache", url, "--local", str(src))
+    repush = cache_cli("push", "--cache", url, "--local", str(src))
     assert json.loads(repush.stdout)["objects"] == 0 and json.loads(repush.stdout)["entries"] == 0
-    ls = _cli("ls", "--cache", url, "--json")
+    ls = cache_cli("ls", "--cache", url, "--json")
     assert len(json.loads(ls.stdout)) == 9
-    assert _cli("verify", "--cache", url).returncode == 0
-    assert _cli("verify", "--local", str(dst)).returncode == 0
+    assert cache_cli("verify", "--cache", url).returncode == 0
+    assert cache_cli("verify", "--local", str(dst)).returncode == 0
 
 
-def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket):
+def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket, cache_cli):
     bucket, _ = s3_bucket
     url = f"s3://{bucket}/shared"
     roots = []
@@ -86,11 +97,11 @@ def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket):
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
-    verify = _cli("verify", "--cache", url)
+    verify = cache_cli("verify", "--cache", url)
     assert verify.returncode == 0, verify.stderr
     assert json.loads(verify.stdout)["problems"] == 0
     pulled = tmp_path / "pulled"
-    assert _cli("pull", "--cache", url, "--local", str(pulled)).returncode == 0
+    assert cache_cli("pull", "--cache", url, "--local", str(pulled)).returncode == 0
     # every pulled entry is exactly one node's version of it, never a mix
     for entry in (pulled / "graphs").iterdir():
         mine = _tree(entry)
@@ -100,18 +111,18 @@ def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket):
         assert any(_tree(r / entry.parent.name / entry.name) == mine for r in roots)
 
 
-def _pushed(tmp_path, s3_bucket, seed, prefix):
+def _pushed(cache_cli, tmp_path, s3_bucket, seed, prefix):
     """A fake local cache pushed to s3://<bucket>/<prefix>: (bucket, client, local dir, url)."""
     bucket, client = s3_bucket
     src = tmp_path / "src"
     _fake_cache(src, seed=seed)
     url = f"s3://{bucket}/{prefix}"
-    assert _cli("push", "--cache", url, "--local", str(src)).returncode == 0
+    assert cache_cli("push", "--cache", url, "--local", str(src)).returncode == 0
     return bucket, client, src, url
 
 
-def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket):
-    bucket, client, src, url = _pushed(tmp_path, s3_bucket, 3, "c")
+def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket, cache_cli):
+    bucket, client, src, url = _pushed(cache_cli, tmp_path, s3_bucket, 3, "c")
     neff = next(src.glob("neuronxcc-*/MODULE_*/model.neff"))
     hlo = src / "graphs" / f"{2:032x}" / "model.hlo_module.pb"
 
@@ -121,12 +132,12 @@ def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket
     flipped = bytearray(hlo.read_bytes())
     flipped[len(flipped) // 2] ^= 0x01
     client.put_object(Bucket=bucket, Key=hlo_key, Body=bytes(flipped))  # one bit flipped
-    verify = _cli("verify", "--cache", url)
+    verify = cache_cli("verify", "--cache", url)
     assert verify.returncode == 1
     assert neff_key in verify.stderr and "truncated" in verify.stderr
     assert hlo_key in verify.stderr and "altered" in verify.stderr
     dst = tmp_path / "dst"
-    pull = _cli("pull", "--cache", url, "--local", str(dst))
+    pull = cache_cli("pull", "--cache", url, "--local", str(dst))
     assert pull.returncode == 1
     assert "refused" in pull.stderr and pull.stderr.count("refused") == 2
     assert not (dst / "graphs" / f"{2:032x}").exists()
@@ -135,17 +146,17 @@ def test_truncated_and_altered_objects_are_named_and_refused(tmp_path, s3_bucket
     assert not [p for p in dst.rglob("*") if p.name.startswith((".blob-", ".pull-"))]
 
 
-def test_prune_removes_old_entries_and_their_objects(tmp_path, s3_bucket):
-    bucket, client, src, url = _pushed(tmp_path, s3_bucket, 5, "p")
-    assert json.loads(_cli("prune", "--cache", url, "--older-than", "1d").stdout)["entries_removed"] == 0
-    result = json.loads(_cli("prune", "--cache", url, "--older-than", "0s").stdout)
+def test_prune_removes_old_entries_and_their_objects(tmp_path, s3_bucket, cache_cli):
+    bucket, client, src, url = _pushed(cache_cli, tmp_path, s3_bucket, 5, "p")
+    assert json.loads(cache_cli("prune", "--cache", url, "--older-than", "1d").stdout)["entries_removed"] == 0
+    result = json.loads(cache_cli("prune", "--cache", url, "--older-than", "0s").stdout)
     assert result["entries_removed"] == 9 and result["objects_removed"] > 0
     assert client.list_objects_v2(Bucket=bucket, Prefix="p/").get("KeyCount", 0) == 0
-    local = json.loads(_cli("prune", "--local", str(src), "--older-than", "0s").stdout)
+    local = json.loads(cache_cli("prune", "--local", str(src), "--older-than", "0s").stdout)
     assert local["entries_removed"] == 9 and not any(src.rglob("model.neff"))
 
 
-def test_bad_urls_missing_buckets_and_credentials_exit_2(tmp_path, s3_server):
+def test_bad_urls_missing_buckets_and_credentials_exit_2(tmp_path, s3_server, cache_cli):
     env = {**s3_server}
     cases = [
         (["push", "--cache", "s3://"], "bad cache URL"),
@@ -155,9 +166,10 @@ def test_bad_urls_missing_buckets_and_credentials_exit_2(tmp_path, s3_server):
         (["push"], "needs --cache s3://"),
     ]
     for args, message in cases:
-        res = _cli(*args, env=env)
+        res = cache_cli(*args, env=env)
         assert res.returncode == 2, (args, res.stderr)
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    # in a process of its own: boto3 keeps the credentials its default session found in this one
     no_creds = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     no_creds.update(
         {

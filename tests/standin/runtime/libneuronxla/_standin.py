@@ -8,7 +8,7 @@ what this stand-in keys. After every sync-like call (and at exit) each new modul
 With NEURON_EXTRACT_GRAPHS_ONLY=1 the module's HLO and flags are written there and nothing is compiled.
 Otherwise a module with model.neff + model.done is a hit; a miss is compiled just in time with neuronx-cc (as
 the runtime does) and cached, a failed one cached as failed (model.log, no NEFF). Every event is a JSON line
-in NEURON_STANDIN_LOG.
+in NEURON_STANDIN_LOG, with the pid and command line (argv) of the process it happened in.
 
 Faults for tests of `neurontrain doctor` (STANDIN_FAULT, only in `neurontrain run` processes that execute):
   rename-at-run   module keys take another salt than at extraction (a runtime naming modules differently)
@@ -126,7 +126,10 @@ def log_event(event, **fields):
     path = os.environ.get("NEURON_STANDIN_LOG")
     if path:
         with open(path, "a") as fh:
-            fh.write(json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **fields}) + "\n")
+            fh.write(
+                json.dumps({"event": event, "pid": os.getpid(), "argv": sys.argv[1:], "time": time.time(), **fields})
+                + "\n"
+            )
 
 
 def compile_entry(module_dir, flags, work_dir):
