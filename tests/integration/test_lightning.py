@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lightning_tiny.py"
 ENCODER = REPO / "tests" / "lightning_encoder.py"
-SHORT, LONG = 40, 60  # validation every 10 steps (an epoch)
+SHORT, LONG = 40, 100  # validation every 10 steps (an epoch)
 
 
 def _start(out: Path, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
@@ -178,7 +178,7 @@ def _dumped_graphs(out: Path) -> dict[str, set[str]]:
     return found
 
 
-def test_precompile_records_every_graph_the_longer_run_compiles_and_the_run_loads_them_all(runs):
+def test_precompile_records_every_graph_a_100_step_run_compiles_and_the_run_loads_them_all(runs):
     """Through the stand-in Neuron runtime (tests/standin/runtime: modules keyed by what XLA compiled and a salt
     secret to the run), so only modules the runtime itself extracted in precompile can be hits in the run."""
     pre, long = _ok(runs["precompile"]), _ok(runs["long"])
