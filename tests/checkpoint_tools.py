@@ -219,6 +219,20 @@ def deepspeed_zero(tmp_path, model, stage, world):
     return tmp_path / "ds", tmp_path / "ds-ref", tmp_path / "ds-moments.pt"
 
 
+def deepspeed_zero_cases(tmp_path, model, cases):
+    """deepspeed_zero for each (stage, world) of `cases`, each under tmp_path/zero{stage}-{world}, every one from
+    the same initial model: one process (DeepSpeed imported once, before the ranks fork) instead of one a case.
+    Returns the three paths of each case in turn."""
+    import deepspeed  # noqa: F401  (the forked ranks inherit it)
+
+    paths = []
+    for stage, world in cases:
+        folder = tmp_path / f"zero{stage}-{world}"
+        folder.mkdir()
+        paths += deepspeed_zero(folder, model, stage, world)
+    return paths
+
+
 def _zero_rank(rank, tmp_path, model, stage, world):
     import os
 

@@ -10,7 +10,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from checkpoint_checks import assert_moments, round_trip
 from checkpoint_models import bert, llama
-from checkpoint_tools import accelerate_state, deepspeed_zero, hf_trainer, in_a_process_without_xla, lightning_ckpt
+from checkpoint_tools import (
+    accelerate_state,
+    deepspeed_zero_cases,
+    hf_trainer,
+    in_a_process_without_xla,
+    lightning_ckpt,
+)
 from conftest import cli_in_process
 
 from neurontrain.checkpoint.report import inspect_checkpoint
@@ -93,18 +99,31 @@ def test_cli_inspect_and_verify_across_forms(tmp_path, capsys):
     assert code == 0 and "config needed" in out, out + err
 
 
-@pytest.mark.parametrize(
-    "family, stage, world",
-    [("llama", 1, 2), ("llama", 2, 3), ("llama", 3, 2), ("bert", 1, 3), ("bert", 2, 2), ("bert", 3, 3)],
-)
-def test_deepspeed_zero(tmp_path, family, stage, world):
+DEEPSPEED_CASES = [("llama", 1, 2), ("llama", 2, 3), ("llama", 3, 2), ("bert", 1, 3), ("bert", 2, 2), ("bert", 3, 3)]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_checkpoints(tmp_path_factory) -> dict:
+    """Every case's DeepSpeed checkpoint, written by one process per family (DeepSpeed and the model built once):
+    {(family, stage, world): (ds dir, reference dir, DeepSpeed's own moments)}."""
+    pytest.importorskip("deepspeed")
+    written = {}
+    for family in ("llama", "bert"):
+        cases = [(stage, world) for f, stage, world in DEEPSPEED_CASES if f == family]
+        paths = in_a_process_without_xla(deepspeed_zero_cases, tmp_path_factory.mktemp(family), family, cases=cases)
+        for i, (stage, world) in enumerate(cases):
+            written[family, stage, world] = paths[3 * i : 3 * i + 3]
+    return written
+
+
+@pytest.mark.parametrize("family, stage, world", DEEPSPEED_CASES)
+def test_deepspeed_zero(tmp_path, family, stage, world, deepspeed_checkpoints):
     """Every stage for both families (stage 3's weight files hold no whole weights). Two or three
     data-parallel ranks, so every partition is a real part; with three, DeepSpeed pads (stage 2: the last rank's
     group, stage 3: parameters whose size three does not divide). The moments migrated from the partitions equal,
     tensor by tensor, those DeepSpeed's engine assembles itself."""
-    pytest.importorskip("deepspeed")
     _, hf = (llama if family == "llama" else bert)(tmp_path)
-    src, ref, moments = in_a_process_without_xla(deepspeed_zero, tmp_path, family, stage=stage, world=world)
+    src, ref, moments = deepspeed_checkpoints[family, stage, world]
     assert len(list((src / "global_step1").glob("*_optim_states.pt"))) == world
     result, back = round_trip(tmp_path, src, ref, f"zero{stage}", config=hf, with_optimizer=True)
     assert result["source"]["layout"] == "deepspeed" and result["optimizer"]

@@ -13,7 +13,7 @@ from neurontrain.loop.checkpoints import load_rank_files
 from neurontrain.parallel.zero1_state import chunk
 
 SHORT = ["--set", "train.max_steps=3", "--set", "train.schedule.warmup_steps=1", "--set", "train.log_every=1"]
-SHORT += ["--set", "checkpoint.every=0"]
+SHORT += ["--set", "checkpoint.every=0", "--set", "train.eval_at_end=false"]  # losses and weights are compared
 RECIPE = str(RECIPES / "tiny-llama-clm.yaml")
 ONE_STEP = ["--set", "train.max_steps=1", "--set", "checkpoint.every=1", "--set", "checkpoint.save_final=false"]
 ONE_STEP += ["--set", "train.eval_at_end=false", "--set", "train.schedule.warmup_steps=0"]
@@ -27,7 +27,7 @@ def _run(out: Path, *args: str) -> list[float]:
 
 def test_nxd_shards_start_the_run_bit_identical_to_the_hf_weights(tmp_path: Path):
     # the pre-training run keeps its last checkpoint (weights and AdamW state)
-    _run(tmp_path / "pretrain", "--set", "train.eval_at_end=false", "--set", "checkpoint.every=3")
+    _run(tmp_path / "pretrain", "--set", "checkpoint.every=3")
     hf_dir = tmp_path / "pretrain" / "model"
     nxd = tmp_path / "nxd"
     migrated = run_cli(

@@ -16,11 +16,30 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
-def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: str):
-    out = tmp_path / "run"
-    result = run_cli("run", str(RECIPES / f"{recipe}.yaml"), "--output-dir", str(out))
+LOG_EVERY = {"tiny-bert-classification": 10, "tiny-llama-clm": 5}  # as the recipes set train.log_every
+
+
+def _recipe_run(out: Path, recipe: str, *args: str) -> subprocess.CompletedProcess:
+    result = run_cli("run", str(RECIPES / f"{recipe}.yaml"), "--output-dir", str(out), *args)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def llama_recipe_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The shipped tiny-Llama recipe as it is, logging every step: the recipe's own run and the XLA side of the
+    comparison with eager (its defaults are that comparison's settings: fp32, no attention dropout)."""
+    out = tmp_path_factory.mktemp("llama-recipe") / "xla-cpu"
+    return out, _recipe_run(out, "tiny-llama-clm", "--set", "train.log_every=1")
+
+
+@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
+def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: str, request):
+    if recipe == "tiny-llama-clm":
+        out, result = request.getfixturevalue("llama_recipe_run")
+    else:
+        out = tmp_path / "run"
+        result = _recipe_run(out, recipe)
     summary = read_json(out / "summary.json")
     for key in (
         "backend",
@@ -47,6 +66,7 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
     records = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     for key in ("step", "loss", "lr", "tokens_per_second", "compilations"):
         assert key in records[0]
+    records = [r for r in records if r["step"] % LOG_EVERY[recipe] == 0]  # the steps the recipe itself logs
     first = sum(r["loss"] for r in records[:2]) / 2
     last = sum(r["loss"] for r in records[-2:]) / 2
     assert last < 0.7 * first, (first, last)
@@ -57,42 +77,39 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
     assert list((out / "tensorboard").iterdir())
 
 
-NO_DROPOUT = {
-    "tiny-bert-classification": [
-        "--set",
-        "model.config.hidden_dropout_prob=0.0",
-        "--set",
-        "model.config.attention_probs_dropout_prob=0.0",
-    ],
-    "tiny-llama-clm": ["--set", "model.config.attention_dropout=0.0"],
-}
+NO_DROPOUT = [
+    "--set",
+    "model.config.hidden_dropout_prob=0.0",
+    "--set",
+    "model.config.attention_probs_dropout_prob=0.0",
+]
 
 
-@pytest.mark.parametrize("recipe", ["tiny-bert-classification", "tiny-llama-clm"])
-def test_xla_matches_eager_reference(tmp_path: Path, recipe: str):
-    common = [
-        str(RECIPES / f"{recipe}.yaml"),
-        "--set",
-        "train.max_steps=50",
-        "--set",
-        "train.log_every=1",
-        "--set",
-        "checkpoint.every=0",
-        "--set",
-        "checkpoint.save_final=false",
-        "--set",
-        "train.precision=fp32",
-        *NO_DROPOUT[recipe],
-    ]
-    losses = {}
-    for backend in ("xla-cpu", "eager"):
-        out = tmp_path / backend
-        result = run_cli("run", *common, "--backend", backend, "--output-dir", str(out))
-        assert result.returncode == 0, result.stderr[-3000:]
-        losses[backend] = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
-    assert sorted(losses["xla-cpu"]) == list(range(1, 51)) == sorted(losses["eager"])
-    worst = max(abs(losses["xla-cpu"][s] - losses["eager"][s]) / abs(losses["eager"][s]) for s in range(1, 51))
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def _assert_xla_matches_eager(xla: Path, eager: Path, steps: int) -> None:
+    a, b = _losses(xla), _losses(eager)
+    assert sorted(a) == list(range(1, steps + 1)) == sorted(b)
+    worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in range(1, steps + 1))
     assert worst < 1e-4, worst
+
+
+def test_xla_matches_eager_reference_bert(tmp_path: Path):
+    common = ["--set", "train.max_steps=50", "--set", "train.log_every=1", "--set", "checkpoint.every=0"]
+    common += ["--set", "checkpoint.save_final=false", "--set", "train.precision=fp32", *NO_DROPOUT]
+    common += ["--set", "train.eval_at_end=false"]  # the training losses are compared: no evaluation graphs
+    for backend in ("xla-cpu", "eager"):
+        _recipe_run(tmp_path / backend, "tiny-bert-classification", *common, "--backend", backend)
+    _assert_xla_matches_eager(tmp_path / "xla-cpu", tmp_path / "eager", 50)
+
+
+def test_xla_matches_eager_reference_llama(tmp_path: Path, llama_recipe_run):
+    """The recipe's run on XLA:CPU against the same recipe on eager CPU, every one of its 60 steps."""
+    xla, _ = llama_recipe_run
+    _recipe_run(tmp_path / "eager", "tiny-llama-clm", "--set", "train.log_every=1", "--backend", "eager")
+    _assert_xla_matches_eager(xla, tmp_path / "eager", 60)
 
 
 def _same_weights(a: Path, b: Path) -> None:
@@ -113,6 +130,8 @@ RESUME_ARGS = [
     "checkpoint.keep=2",
     "--set",
     "train.log_every=1",
+    "--set",
+    "train.eval_at_end=false",  # the weights are compared: an evaluation would only add its graphs to each run
 ]
 
 
