@@ -23,6 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "--xla_backend_optimization_level" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=1".strip()
+    # One OpenMP thread a process (eager PyTorch, inductor's CPU kernels): the suite runs two files at a time on two
+    # cores, each starting processes of its own, and OpenMP teams as wide as the machine spin against each other
+    # (eager tiny Llama, 10 steps on a loaded host: 2.4-8 s with one thread, 14-26 s with two). torchrun workers
+    # get cores / workers = 1 from the launcher anyway.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The suite starts hundreds of Python processes: with PYTHONDONTWRITEBYTECODE set (some machines set it) each
     # one compiles every module it imports again; cached bytecode is what a user's install has anyway.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

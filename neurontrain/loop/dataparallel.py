@@ -12,6 +12,7 @@ run) before that weighting.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Callable
@@ -89,7 +90,14 @@ class DataParallel:
         self._started = True
 
     def close(self) -> None:
+        """Leave the process group so that its threads end here, while Python is fully alive. What still holds
+        the group (DDP's reducer, FSDP2's mesh, in reference cycles with the trainer) is collected first, so
+        destroy_process_group frees the group and joins its gloo worker threads now; left to interpreter
+        shutdown, a worker thread that drops a tensor's Python object aborts the process ("terminate called
+        without an active exception")."""
         if self._started:
+            self._group = None
+            gc.collect()
             dist.destroy_process_group()
             self._started = False
 
