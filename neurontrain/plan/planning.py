@@ -108,8 +108,9 @@ class RunPlan:
     @property
     def saves_collectively(self) -> bool:
         """Whether every worker calls the checkpoint save (xm.save is a collective where the xla backend spans
-        the workers; on XLA:CPU each worker's runtime is a world of one, so only worker 0 may call it)."""
-        return not reduces_on_host(self.backend)
+        the workers; on XLA:CPU each worker's runtime is a world of one, so only worker 0 may call it; native's
+        save is torch.save of weights every worker already holds on the host: worker 0 alone writes it)."""
+        return not reduces_on_host(self.backend) and self.backend != "native"
 
     @property
     def step_kinds(self) -> list[str]:
