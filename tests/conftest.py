@@ -7,12 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_forkserver import ForkedCli, ForkServer, can_fork
 
 from neurontrain.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 RECIPES = REPO / "recipes"
+_SESSION_ENV: dict[str, str] = {}  # the environment pytest_configure leaves: the CLI fork server starts with it
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # and reads it afterwards, never a fact an earlier run or another checkout left in ~/.cache.
     if "NEURONTRAIN_FACT_CACHE" not in os.environ:
         os.environ["NEURONTRAIN_FACT_CACHE"] = tempfile.mkdtemp(prefix="neurontrain-facts-")
+    _SESSION_ENV.update(os.environ)
 
 
 # The heaviest modules first (seconds per module in a clean-clone CI run, most first): `--dist loadfile` hands
@@ -73,19 +76,54 @@ def cli_in_process(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def run_cli(
-    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
-) -> subprocess.CompletedProcess:
-    """Run `python -m neurontrain ARGS` in a fresh process (torch-xla state never leaks between tests)."""
+_fork_server: ForkServer | None = None
+
+
+def _cli_fork_server() -> ForkServer | None:
+    """This pytest worker's CLI fork server (tests/cli_forkserver.py), started with the session's environment on
+    first use; None where NEURONTRAIN_TEST_FRESH_PROCESSES=1 asks for a fresh interpreter every time."""
+    global _fork_server
+    if os.environ.get("NEURONTRAIN_TEST_FRESH_PROCESSES") == "1":
+        return None
+    if _fork_server is None:
+        _fork_server = ForkServer(Path(tempfile.mkdtemp(prefix="neurontrain-cli-")), _SESSION_ENV)
+    return _fork_server
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _fork_server is not None:
+        _fork_server.stop()
+
+
+def start_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> "subprocess.Popen | ForkedCli":
+    """`python -m neurontrain ARGS` as a process of its own (torch-xla state never leaks between tests), stdout and
+    stderr piped as text: forked from the fork server where the environment allows it, else a fresh interpreter."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
+    server = _cli_fork_server()
+    if server is not None and can_fork(server.env, full_env):
+        return server.start(list(args), cwd or REPO, full_env)
+    return subprocess.Popen(
         [sys.executable, "-m", "neurontrain", *args],
         cwd=cwd or REPO,
         env=full_env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
     )
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run `python -m neurontrain ARGS` in a process of its own (`start_cli`) and wait for it, as subprocess.run."""
+    proc = start_cli(*args, cwd=cwd, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess([sys.executable, "-m", "neurontrain", *args], proc.returncode, out, err)
 
 
 def read_json(path: Path) -> dict:
@@ -142,14 +180,7 @@ def run_killing_a_worker(
     import signal
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neurontrain", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(*args, env=env)
     marker = marker or output_dir / "checkpoints" / f"step_{checkpoint_step:08d}" / "COMPLETE"
     try:
         deadline = time.time() + 300
