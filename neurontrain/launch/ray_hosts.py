@@ -27,6 +27,7 @@ from neurontrain.data.service import LABEL_KEY
 
 HOST_LABEL = "neurontrain-host"
 RAY_PORT = 6379  # the head's GCS port (Ray's default)
+DRAIN_TIMEOUT = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,17 @@ def ray_start_argv(role: HostRole, port: int, extra: list[str]) -> list[str]:
             "--disable-usage-stats", *extra]  # fmt: skip
 
 
+def ray_start_env(env: dict[str, str]) -> dict[str, str]:
+    """`ray start`'s environment: without Ray's drain on SIGTERM (up to 30 s, for Serve replicas to move),
+    unless the job sets it. A node is stopped only once training has ended, so there is nothing to drain, and the
+    head, which often never finishes draining, would sit out the whole timeout while the job is billed."""
+    return {DRAIN_TIMEOUT: "0", **env}
+
+
 def _start_ray(role: HostRole, port: int, extra: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(ray_start_argv(role, port, extra), start_new_session=True)
+    return subprocess.Popen(
+        ray_start_argv(role, port, extra), env=ray_start_env(dict(os.environ)), start_new_session=True
+    )
 
 
 def _stop_ray(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -105,7 +115,7 @@ def _wait_for_hosts(address: str, hosts: int, timeout: float) -> None:
         while sum(1 for n in ray.nodes() if n["Alive"]) < hosts:
             if time.time() > deadline:
                 raise RuntimeError(f"not every host joined the Ray cluster at {address} within {timeout:.0f} s")
-            time.sleep(2)
+            time.sleep(0.5)
     finally:
         ray.shutdown()
 
