@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, read_json, run_cli
+from conftest import REPO, read_json, run_cli, start_cli
 from torch_xla_blocker import without_torch_xla
 
 TIMEOUT = 45
@@ -29,10 +29,7 @@ if os.environ.get("RANK") == "1":
 
 
 def _start(tmp_path, *extra, env=None):
-    cmd = [
-        sys.executable,
-        "-m",
-        "neurontrain",
+    args = [
         "health",
         "--nproc-per-node",
         "2",
@@ -48,9 +45,7 @@ def _start(tmp_path, *extra, env=None):
         str(tmp_path / "out.json"),
         *extra,
     ]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return start_cli(*args, env=env)
 
 
 def _wait_for_collectives(tmp_path, rank, deadline=TIMEOUT):

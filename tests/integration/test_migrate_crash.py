@@ -5,12 +5,10 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import torch
-from conftest import REPO, run_cli
+from conftest import run_cli, start_cli
 from safetensors.torch import save_file
 
 HIDDEN, FFN, LAYERS, VOCAB, HEADS, KV_HEADS = 1024, 4096, 2, 16000, 16, 8
@@ -54,7 +52,7 @@ def big_llama(path):
 def test_sigkill_during_migrate_then_the_same_command_finishes_and_cleans_up(tmp_path):
     src, dest = big_llama(tmp_path / "hf"), tmp_path / "nxd"
     args = ["checkpoint", "migrate", str(src), str(dest), "--to", "neuron", "--tp", "8"]
-    proc = subprocess.Popen([sys.executable, "-m", "neurontrain", *args], cwd=REPO, stderr=subprocess.DEVNULL)
+    proc = start_cli(*args)
     try:
         deadline = time.time() + 120
         while not list(tmp_path.glob(".nxd.partial-*/model/*.pt")):

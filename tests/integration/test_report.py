@@ -8,12 +8,11 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import REPO, read_json, read_metrics, run_cli
+from conftest import REPO, read_json, read_metrics, run_cli, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -37,21 +36,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     dirs = {name: root / name for name in RUNS}
 
     def command(name: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "neurontrain",
-            "run",
-            RECIPE,
-            *COMMON,
-            *RUNS[name],
-            "--output-dir",
-            str(dirs[name]),
-        ]
+        return ["run", RECIPE, *COMMON, *RUNS[name], "--output-dir", str(dirs[name])]
 
-    xla = subprocess.Popen(command("xla"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    xla = start_cli(*command("xla"))
     for name in ("eager", "eager-lr", "eager-1-layer"):  # the eager runs while XLA compiles
-        done = subprocess.run(command(name), cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = run_cli(*command(name), timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     out, err = xla.communicate(timeout=600)
     assert xla.returncode == 0, err[-3000:]

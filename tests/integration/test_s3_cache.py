@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cli_in_process, read_json, run_cli
+from conftest import REPO, cli_in_process, read_json, run_cli, start_cli
 
 
 def _fake_cache(root, seed, n_graphs=5, n_modules=3):
@@ -83,18 +83,7 @@ def test_four_concurrent_pushers_leave_no_corrupt_entry(tmp_path, s3_bucket, cac
         _fake_cache(root, seed=7)  # the same entries on every node ...
         _fake_cache(root, seed=100 + k, n_graphs=2, n_modules=1)  # ... overwritten in part by node-specific bytes
         roots.append(root)
-    env = {**os.environ}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "neurontrain", "cache", "push", "--cache", url, "--local", str(r), "--workers", "4"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in roots
-    ]
+    procs = [start_cli("cache", "push", "--cache", url, "--local", str(r), "--workers", "4") for r in roots]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     verify = cache_cli("verify", "--cache", url)

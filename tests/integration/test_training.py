@@ -1,7 +1,6 @@
 """Real training through torch-xla on XLA:CPU, each run in its own process."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RECIPES, REPO, read_json, read_metrics, run_cli
+from conftest import RECIPES, REPO, read_json, read_metrics, run_cli, start_cli
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -145,14 +144,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrupted: Path):
     out = tmp_path / "killed"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neurontrain", "run", *RESUME_ARGS, "--output-dir", str(out)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("run", *RESUME_ARGS, "--output-dir", str(out))
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     try:
@@ -161,9 +153,9 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrup
                 break
             assert proc.poll() is None, "run ended before it could be killed"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
+        proc.kill()
     finally:
-        proc.wait()
+        proc.communicate()
     assert not (out / "summary.json").exists()
     result = run_cli("run", *RESUME_ARGS, "--output-dir", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
