@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 
 # Variables read when a request runs, never while the server imported: a request may change these and still fork.
-READ_AT_RUN_TIME = ("NEURONTRAIN_", "NEURON_", "AWS_", "MASTER_", "RAY_ADDRESS", "SM_", "PYTHONUNBUFFERED")
+READ_AT_RUN_TIME = (
+    "NEURONTRAIN_",
+    "NEURON_",
+    "AWS_",
+    "MASTER_",
+    "RAY_ADDRESS",
+    "SM_",
+    "PYTHONUNBUFFERED",
+    "PYTEST_CURRENT_TEST",
+)
 PATH_ONLY = ("PATH",)  # looked up when a program is started
 
 

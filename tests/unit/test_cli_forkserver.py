@@ -7,7 +7,8 @@ SERVER = {"PATH": "/usr/bin", "PYTHONPATH": "/repo", "XLA_FLAGS": "--xla_backend
 
 def test_run_time_variables_may_differ():
     env = {**SERVER, "NEURONTRAIN_CACHE_DIR": "/c", "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "PATH": "/standin:/b"}
-    assert can_fork(SERVER, {**env, "PYTHONUNBUFFERED": "1", "MASTER_PORT": "29500", "NEURON_CC_FLAGS": "-O1"})
+    env.update(PYTHONUNBUFFERED="1", MASTER_PORT="29500", NEURON_CC_FLAGS="-O1", PYTEST_CURRENT_TEST="t.py::x (call)")
+    assert can_fork(SERVER, env)
 
 
 def test_what_imports_read_must_be_the_servers():
