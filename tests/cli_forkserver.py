@@ -1,7 +1,7 @@
 """A fork server for the `python -m neurontrain ...` processes the tests start.
 
 The suite starts a few hundred CLI processes, and each fresh one pays about 5 s of CPU importing torch, torch-xla
-and transformers before it does anything (on 2 cores that was about a fifth of the suite's time). The server is
+and transformers before it does anything. The server is
 one Python process per pytest worker that has imported them, and nothing more: it never touches a device, so the
 XLA runtime is not started (checked before every fork). For each request it forks a child that takes the
 request's environment, working directory, open-files limit and standard streams, and then runs
@@ -13,6 +13,10 @@ A request whose environment differs from the server's in anything read at import
 OpenMP/XLA/torch/Hugging Face settings) cannot be served by a process that imported already, so the client starts
 those as fresh processes (`can_fork`): the stand-in runtimes and blockers that tests put on PYTHONPATH always get
 a fresh interpreter.
+
+Experimental, off unless NEURONTRAIN_TEST_FORK_SERVER=1 (tests/conftest.py): with it, the suite was no faster from
+a clean clone, and test_precompile's checks that a run compiles only what precompile found failed once (a forked
+run compiled a train graph its forked precompile had not). Not understood yet.
 
 Server usage: python cli_forkserver.py SOCKET_PATH (prints "ready" once it listens).
 """
