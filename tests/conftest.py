@@ -48,6 +48,7 @@ HEAVY_FIRST = (
     "test_scaleout.py",
     "test_neuron_runtime.py",
     "test_doctor.py",
+    "test_families.py",
     "test_training.py",
     "test_native.py",
     "test_native_parallel.py",
