@@ -1,11 +1,12 @@
 """Turn a planned batch into fixed-shape tensors: padding, attention masks, ignored labels; for packed rows,
-each token's document and position."""
+each token's document and position. Built as numpy arrays (`Collator.arrays`): the data service's collation
+actors need no torch, whose import costs seconds in every actor."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
 from neurontrain.data.batching import IndexBatch
 from neurontrain.data.packing import document_spans
@@ -49,23 +50,30 @@ class Collator:
         self.rank, self.world = rank, world
 
     def __call__(self, batch: IndexBatch) -> dict:
+        """The batch as torch tensors (sharing the arrays' memory) and host ints."""
+        import torch  # lazy: `arrays` alone needs no torch
+
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in self.arrays(batch).items()}
+
+    def arrays(self, batch: IndexBatch) -> dict:
+        """The batch as int64 numpy arrays and host ints."""
         if batch.rows is not None:
             return self._packed(batch)
         rows, length = self.batch_size, batch.length
         indices = worker_rows(batch.indices, self.rank, self.world) if self.world > 1 else batch.indices
-        input_ids = torch.full((rows, length), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((rows, length), dtype=torch.long)
+        input_ids = np.full((rows, length), self.pad_id, dtype=np.int64)
+        attention_mask = np.zeros((rows, length), dtype=np.int64)
         real = items = 0
         for row, index in enumerate(indices):
             ids = self.token_ids[index][:length]
-            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            input_ids[row, : len(ids)] = ids
             attention_mask[row, : len(ids)] = 1
             real += len(ids)
             items += max(len(ids) - 1, 0) if self.task == "causal-lm" else 1  # causal LM: next-token labels
         if self.task == "causal-lm":
-            labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+            labels = np.where(attention_mask == 0, IGNORE_INDEX, input_ids)
         else:
-            labels = torch.full((rows,), IGNORE_INDEX, dtype=torch.long)
+            labels = np.full((rows,), IGNORE_INDEX, dtype=np.int64)
             for row, index in enumerate(indices):
                 labels[row] = int(self.labels[index])
         return {
@@ -79,27 +87,27 @@ class Collator:
     def _packed(self, batch: IndexBatch) -> dict:
         rows = worker_rows(batch.rows, self.rank, self.world) if self.world > 1 else batch.rows
         shape = (self.batch_size, batch.length)
-        input_ids = torch.full(shape, self.pad_id, dtype=torch.long)
-        document_ids = torch.zeros(shape, dtype=torch.long)
-        position_ids = torch.zeros(shape, dtype=torch.long)
+        input_ids = np.full(shape, self.pad_id, dtype=np.int64)
+        document_ids = np.zeros(shape, dtype=np.int64)
+        position_ids = np.zeros(shape, dtype=np.int64)
         causal = self.task == "causal-lm"
         if causal:
-            labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
+            labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
         else:
             if self.max_docs is None:
                 raise ValueError("packed sequence classification needs max_docs")
-            labels = torch.full((self.batch_size, self.max_docs), IGNORE_INDEX, dtype=torch.long)
-            cls_positions = torch.zeros((self.batch_size, self.max_docs), dtype=torch.long)
+            labels = np.full((self.batch_size, self.max_docs), IGNORE_INDEX, dtype=np.int64)
+            cls_positions = np.zeros((self.batch_size, self.max_docs), dtype=np.int64)
         real = items = 0
         for row, docs in enumerate(rows):
             if not causal and len(docs) > self.max_docs:
                 raise ValueError(f"a packed row holds {len(docs)} documents, more than max_docs {self.max_docs}")
             spans = document_spans([len(self.token_ids[i]) for i in docs], batch.length)
             for number, (index, (start, n)) in enumerate(zip(docs, spans, strict=True), start=1):
-                ids = torch.tensor(self.token_ids[index][:n], dtype=torch.long)
+                ids = np.asarray(self.token_ids[index][:n], dtype=np.int64)
                 input_ids[row, start : start + n] = ids
                 document_ids[row, start : start + n] = number
-                position_ids[row, start : start + n] = torch.arange(n)
+                position_ids[row, start : start + n] = np.arange(n)
                 real += n
                 if causal:
                     labels[row, start + 1 : start + n] = ids[1:]

@@ -99,7 +99,7 @@ class CollateWorkerRows:
 
     def __call__(self, positions: dict) -> dict:
         (position,) = positions["position"].tolist()  # batch_size 1: one row, one position
-        return encode_row(int(position), self.collate(self.index.at(int(position))), self.node)
+        return encode_row(int(position), self.collate.arrays(self.index.at(int(position))), self.node)
 
 
 class RayBatchSource:

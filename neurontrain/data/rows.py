@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 HOST_INTS = ("real_tokens", "loss_items")  # collated values that stay host ints
 _ROW_KEYS = ("position", "length", "produced_on")
@@ -17,12 +16,14 @@ def encode_row(position: int, batch: dict, produced_on: str) -> dict[str, np.nda
         "produced_on": np.array([produced_on]),
     }
     for key, value in batch.items():
-        row[key] = np.array([value], dtype=np.int64) if key in HOST_INTS else value.numpy()[None]
+        row[key] = np.array([value], dtype=np.int64) if key in HOST_INTS else np.asarray(value)[None]
     return row
 
 
 def decode_row(row: dict) -> tuple[int, str, dict]:
     """(position, node that made it, the micro-batch as the collator gave it) from a one-row batch."""
+    import torch  # lazy: the training side's; the collation actors that encode rows need no torch
+
     batch: dict = {}
     for key, value in row.items():
         if key in _ROW_KEYS:
