@@ -3,7 +3,8 @@ AdamW steps on a fixed random batch, either unsharded (`plain`) or sharded over 
 by the migrate rules (`sharded`). Prints one JSON line per job: losses, each parameter's (and gradient's)
 sharding spec as torch-xla reports it, and the parameters whose per-device pieces differ from `rules.shard`.
 
-A job `RECIPE@NAME=RULE` annotates parameter NAME by RULE instead of its own rule (to show the check can fail)."""
+A job `RECIPE@NAME=RULE[,NAME=RULE...]` annotates each parameter NAME by RULE instead of its own rule (to show the
+check can fail)."""
 
 import argparse
 import json
@@ -81,8 +82,8 @@ def train(path: str, sharded: bool, tp: int, steps: int, corrupt: str | None) ->
 def _mark(model, mesh, spec, optimizer, corrupt: str | None) -> None:
     table = spec.table  # the spec's stored rules (a list, changed in place here and restored)
     saved = list(table)
-    if corrupt:  # this process only: the named parameter gets the wrong rule
-        name, rule = corrupt.split("=")
+    for wrong in corrupt.split(",") if corrupt else []:  # this process only: each named parameter's wrong rule
+        name, rule = wrong.split("=")
         table.insert(0, [f"^{name}$", rule])
     try:
         spmd.mark_model(model, mesh, spec, optimizer)

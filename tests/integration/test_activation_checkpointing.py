@@ -1,13 +1,19 @@
 """Activation checkpointing through `neurontrain run` on XLA:CPU: the same losses and weights as without it,
 one optimization barrier per checkpointed layer in every training graph (read from the HLO torch-xla itself
-dumps for each sync, XLA_SAVE_TENSORS_FILE), no extra graphs and no host syncs. Each run is its own process."""
+dumps for each sync, XLA_SAVE_TENSORS_FILE), no extra graphs and no host syncs. Two
+processes, each `neurontrain run` of tiny Llama then of tiny BERT (they share no graph: each run compiles all of
+its own), one without checkpointing and one with it."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, read_json, read_metrics, run_cli
+from conftest import RECIPES, REPO, read_json, read_metrics
 from safetensors.torch import load_file
 
 from neurontrain.parallel.checkpointing import checkpointed_layers
@@ -27,44 +33,53 @@ CASES = {
 _BARRIER = re.compile(r" opt-barrier\(")  # the instruction; its uses read `%opt-barrier.N`
 
 
-def _run(tmp: Path, case: str, setting: str) -> Path:
+# `neurontrain run` for each argument list in argv[1] (JSON), one after the other in this process
+RUNS = "import json, sys; from neurontrain.cli import main; sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
+
+
+def _args(tmp: Path, case: str, setting: str) -> list[str]:
     recipe, _, layers, steps, extra = CASES[case]
     out = tmp / f"{case}-{setting}"
-    dump = tmp / f"{case}-{setting}.hlo"
-    result = run_cli(
-        "run",
-        str(RECIPES / f"{recipe}.yaml"),
-        "--output-dir",
-        str(out),
-        *SHORT,
-        *extra,
-        "--set",
-        f"model.config.num_hidden_layers={layers}",
-        "--set",
-        f"train.max_steps={steps}",
-        "--set",
-        f"train.activation_checkpointing={setting}",
-        env={"XLA_SAVE_TENSORS_FILE": str(dump), "XLA_SAVE_TENSORS_FMT": "hlo"},
-    )
+    sets = [f"model.config.num_hidden_layers={layers}", f"train.max_steps={steps}"]
+    sets += [f"train.activation_checkpointing={setting}"]
+    sets = [arg for value in sets for arg in ("--set", value)]
+    return ["run", str(RECIPES / f"{recipe}.yaml"), "--output-dir", str(out), *SHORT, *extra, *sets]
+
+
+def _runs(tmp: Path, jobs: list[tuple[str, str]], dump: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_SAVE_TENSORS_FILE": str(dump), "XLA_SAVE_TENSORS_FMT": "hlo"}
+    argv = json.dumps([_args(tmp, *job) for job in jobs])
+    result = subprocess.run([sys.executable, "-c", RUNS, argv], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
+    """Each run's output directory and the graphs its process dumped (torch-xla reads XLA_SAVE_TENSORS_FILE once
+    a process: the Llama run's come first)."""
     tmp = tmp_path_factory.mktemp("actckpt")
-    jobs = [(case, setting) for case, spec in CASES.items() for setting in ("none", spec[1])]
+    pairs = [[(case, "none") for case in CASES], [(case, spec[1]) for case, spec in CASES.items()]]
     with ThreadPoolExecutor(max_workers=2) as pool:  # the processes share the host's two cores
-        outs = list(pool.map(lambda job: _run(tmp, *job), jobs))
-    return dict(zip(jobs, outs))
+        list(pool.map(lambda i: _runs(tmp, pairs[i], tmp / f"graphs-{i}.hlo"), range(2)))
+    out = {}
+    for i, jobs in enumerate(pairs):
+        graphs = _graphs(tmp, f"graphs-{i}.hlo")
+        llama_graphs = CASES["llama"][3] + 1  # the set-up graph, then one a step
+        split = {"llama": graphs[:llama_graphs], "bert": graphs[llama_graphs:]}
+        out.update({job: (tmp / f"{job[0]}-{job[1]}", split[job[0]]) for job in jobs})
+    return out
 
 
-def _barriers_per_graph(out: Path) -> list[int]:
-    """Optimization barriers in each graph the run synced, in order (the first is the set-up graph)."""
-    text = "".join(p.read_text() for p in sorted(out.parent.glob(f"{out.name}.hlo*")))
+def _graphs(tmp: Path, name: str) -> list[str]:
+    text = "".join(p.read_text() for p in sorted(tmp.glob(f"{name}*")))
     graphs = text.split("## BEGIN_GRAPH")[1:]
-    assert graphs, f"torch-xla dumped no graph for {out.name}"
-    return [len(_BARRIER.findall(graph.split("## END_GRAPH")[0])) for graph in graphs]
+    assert graphs, f"torch-xla dumped no graph in {name}"
+    return [graph.split("## END_GRAPH")[0] for graph in graphs]
+
+
+def _barriers_per_graph(graphs: list[str]) -> list[int]:
+    """Optimization barriers in each graph the run synced, in order (the first is the set-up graph)."""
+    return [len(_BARRIER.findall(graph)) for graph in graphs]
 
 
 def _losses(out: Path) -> list[float]:
@@ -74,7 +89,7 @@ def _losses(out: Path) -> list[float]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_checkpointing_changes_no_loss_graph_count_or_sync(runs: dict, case: str):
     _, setting, layers, steps, _ = CASES[case]
-    plain, checkpointed = runs[(case, "none")], runs[(case, setting)]
+    (plain, plain_graphs), (checkpointed, checkpointed_graphs) = runs[(case, "none")], runs[(case, setting)]
     assert len(_losses(plain)) == steps
     assert _losses(checkpointed) == _losses(plain)  # bit-identical: == on the floats, no tolerance
     before, after = read_json(plain / "summary.json"), read_json(checkpointed / "summary.json")
@@ -82,15 +97,15 @@ def test_checkpointing_changes_no_loss_graph_count_or_sync(runs: dict, case: str
     assert after["unexpected_graphs"] == before["unexpected_graphs"] == 0
     assert after["hidden_host_syncs"] == before["hidden_host_syncs"] == []
     expected = len(checkpointed_layers(setting, layers))
-    assert expected > 0 and _barriers_per_graph(plain) == [0] * (steps + 1)
-    assert _barriers_per_graph(checkpointed) == [0] + [expected] * steps  # set-up graph, then each step
+    assert expected > 0 and _barriers_per_graph(plain_graphs) == [0] * (steps + 1)
+    assert _barriers_per_graph(checkpointed_graphs) == [0] + [expected] * steps  # set-up graph, then each step
 
 
 def test_recompute_draws_the_same_dropout_masks(runs: dict):
     """BERT's dropout is on: after its steps the weights agree bit for bit only if every recompute in the
     backward pass drew the masks the forward pass drew, and every step the masks of the run without it."""
-    plain = load_file(runs[("bert", "none")] / "model" / "model.safetensors")
-    checkpointed = load_file(runs[("bert", "full")] / "model" / "model.safetensors")
+    plain = load_file(runs[("bert", "none")][0] / "model" / "model.safetensors")
+    checkpointed = load_file(runs[("bert", "full")][0] / "model" / "model.safetensors")
     assert plain.keys() == checkpointed.keys()
     differing = [name for name in plain if not plain[name].equal(checkpointed[name])]
     assert differing == []
