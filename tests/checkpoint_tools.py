@@ -219,17 +219,27 @@ def deepspeed_zero(tmp_path, model, stage, world):
     return tmp_path / "ds", tmp_path / "ds-ref", tmp_path / "ds-moments.pt"
 
 
-def deepspeed_zero_cases(tmp_path, model, cases):
-    """deepspeed_zero for each (stage, world) of `cases`, each under tmp_path/zero{stage}-{world}, every one from
-    the same initial model: one process (DeepSpeed imported once, before the ranks fork) instead of one a case.
+def deepspeed_zero_cases(tmp_path, cases):
+    """deepspeed_zero for each (family, stage, world) of `cases`, each under tmp_path/{family}/zero{stage}-{world},
+    every one of a family from the same initial model: one process for all of them (DeepSpeed imported, its op
+    probes run and each family's model built once, before the ranks fork) instead of one a case or a family.
+    DeepSpeed's CPU shared-memory all-reduce kernel is not built: it serves inference all-reduce only, a GPU
+    user's ZeRO run has none, and building it (a C++ compile per Python environment) cost more than every case.
     Returns the three paths of each case in turn."""
-    import deepspeed  # noqa: F401  (the forked ranks inherit it)
+    import checkpoint_models
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
 
-    paths = []
-    for stage, world in cases:
-        folder = tmp_path / f"zero{stage}-{world}"
+    get_accelerator()  # once here, not in every forked rank
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # probes every op once, for every rank
+    paths, models = [], {}
+    for family, stage, world in cases:
+        if family not in models:
+            (tmp_path / family).mkdir()
+            models[family] = getattr(checkpoint_models, family)(tmp_path / family)[0]
+        folder = tmp_path / family / f"zero{stage}-{world}"
         folder.mkdir()
-        paths += deepspeed_zero(folder, model, stage, world)
+        paths += deepspeed_zero(folder, models[family], stage, world)
     return paths
 
 
@@ -267,7 +277,8 @@ def _zero_rank(rank, tmp_path, model, stage, world):
 def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
     """Run `writer(tmp_path, model)` in a fresh process with USE_TORCH_XLA=0: transformers' Trainer and accelerate
     would otherwise train on the XLA device torch-xla provides here (a GPU user's run has none). The model is
-    the family's tiny model (checkpoint_models), built there with the same seed. Returns the writer's paths."""
+    the family's tiny model (checkpoint_models), built there with the same seed; with family None the writer
+    gets none (`writer(tmp_path)`). Returns the writer's paths."""
     import os
     import socket
     import subprocess
@@ -279,8 +290,9 @@ def in_a_process_without_xla(writer, tmp_path, family, env=None, **options):
         f"import sys, json; sys.path.insert(0, {tests!r})\n"
         "from pathlib import Path\n"
         "import checkpoint_models, checkpoint_tools\n"
-        f"model, _ = checkpoint_models.{family}(Path({str(tmp_path)!r}))\n"
-        f"paths = checkpoint_tools.{writer.__name__}(Path({str(tmp_path)!r}), model, **{options!r})\n"
+        + (f"model, _ = checkpoint_models.{family}(Path({str(tmp_path)!r}))\n" if family else "")
+        + f"paths = checkpoint_tools.{writer.__name__}(Path({str(tmp_path)!r}), {'model, ' if family else ''}"
+        f"**{options!r})\n"
         "print(json.dumps([str(p) for p in paths]))\n"
     )
     env = {**os.environ, "USE_TORCH_XLA": "0", "PJRT_DEVICE": "CPU", **(env or {})}

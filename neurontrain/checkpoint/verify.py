@@ -101,6 +101,19 @@ def logits_diff(a: TensorSource, b: TensorSource, config: dict, seed: int = 0) -
     return (outputs[0] - outputs[1]).abs().max().item()
 
 
+def verify(
+    path_a: Path, path_b: Path, atol: float = 0.0, config: Path | None = None, logits: Path | None = None
+) -> dict:
+    """`checkpoint verify`: the two checkpoints compared tensor by tensor and, with `logits` (a recipe, config
+    directory or config.json), the model's outputs on a sample input under each; "equal" when both agree."""
+    a, b, model_config = open_pair(path_a, path_b, config, logits)
+    result = compare(a, b, atol)
+    if logits:
+        result["logits_max_abs_diff"] = logits_diff(a, b, model_config)
+        result["equal"] = result["equal"] and result["logits_max_abs_diff"] <= max(atol, 1e-5)
+    return result
+
+
 def open_pair(
     path_a: Path, path_b: Path, config: Path | None, logits: Path | None
 ) -> tuple[TensorSource, TensorSource, dict | None]:

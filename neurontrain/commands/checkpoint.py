@@ -8,7 +8,7 @@ from pathlib import Path
 
 from neurontrain.checkpoint.migrate import MigrateOptions, migrate
 from neurontrain.checkpoint.report import describe, inspect_checkpoint
-from neurontrain.checkpoint.verify import compare, logits_diff, open_pair
+from neurontrain.checkpoint.verify import verify
 from neurontrain.commands.arguments import options_from
 from neurontrain.errors import UsageError
 
@@ -106,12 +106,8 @@ def _size_in_bytes(size: str) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    config = Path(args.config) if args.config else None
-    a, b, model_config = open_pair(Path(args.a), Path(args.b), config, Path(args.logits) if args.logits else None)
-    result = compare(a, b, args.atol)
-    if args.logits:
-        result["logits_max_abs_diff"] = logits_diff(a, b, model_config)
-        result["equal"] = result["equal"] and result["logits_max_abs_diff"] <= max(args.atol, 1e-5)
+    config, logits = (Path(args.config) if args.config else None), (Path(args.logits) if args.logits else None)
+    result = verify(Path(args.a), Path(args.b), args.atol, config, logits)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -241,9 +241,7 @@ def tensor_parallel_runs(ctx: DoctorContext) -> tuple[Path, Path]:
     def make() -> tuple[Path, Path]:
         start = trained(ctx, 1) / "model"
         shards, tp1, tp2 = ctx.scratch / "tp-start", ctx.scratch / "tp-1", ctx.scratch / "tp-2"
-        ctx.cli(
-            "tp-shard", "checkpoint", "migrate", str(start), str(shards), "--to", "neuron", "--tp", "2", "--overwrite"
-        )
+        migrated(ctx, "tp-shard", start, shards, to="neuron", tp=2)
         # a tenth of the recipe's learning rate: AdamW turns float-rounding differences of near-zero gradients
         # into whole steps, so the sharded and unsharded weights drift apart with the rate (2.5e-4 after 6 steps
         # at 3e-3), while a shard in the wrong place is off by the weights' own size
@@ -270,24 +268,37 @@ def check_tensor_parallel(ctx: DoctorContext) -> Verdict:
     if trained_alike.problem:
         return trained_alike
     last = sorted((tp2 / "checkpoints").glob("step_*/COMPLETE"))[-1].parent
-    merged = ctx.scratch / "tp-merged"
-    ctx.cli("tp-merge", "checkpoint", "migrate", str(last), str(merged), "--to", "gpu", "--overwrite")
-    verify = ctx.cli(
-        "tp-verify",
-        "checkpoint",
-        "verify",
-        str(merged),
-        str(tp1 / "model"),
-        "--logits",
-        str(ctx.recipe),
-        "--atol",
-        "1e-3",
-        "--json",
-        check=False,
-    )
-    verdict = verdicts.merge_verdict(json.loads(verify.stdout))
+    verdict = verdicts.merge_verdict(merged_back(ctx, last, tp1 / "model"))
     verdict.figures.update(trained_alike.figures)
     return verdict
+
+
+def merged_back(ctx: DoctorContext, shards: Path, reference: Path) -> dict:
+    """`checkpoint migrate --to gpu` of the TP run's last checkpoint, then `checkpoint verify --logits` of it
+    against the unsharded run."""
+    from neurontrain.checkpoint.verify import verify  # lazy: tensor parallel only
+
+    merged = ctx.scratch / "tp-merged"
+    migrated(ctx, "tp-merge", shards, merged, to="gpu")
+    try:
+        result = verify(merged, reference, atol=1e-3, logits=ctx.recipe)
+    except Exception as exc:  # the command's own failure is the check's verdict, as a stage's exit would be
+        raise StageFailed(f"`neurontrain checkpoint verify` (tp-verify) failed: {exc!r}") from exc
+    (ctx.scratch / "logs" / "tp-verify.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def migrated(ctx: DoctorContext, stage: str, src: Path, dest: Path, **options: object) -> dict:
+    """`neurontrain checkpoint migrate SRC DEST --overwrite` in this process: torch is loaded here already, and
+    a process of its own would load it again for a conversion of a second."""
+    from neurontrain.checkpoint.migrate import MigrateOptions, migrate  # lazy: tensor parallel only
+
+    try:
+        report = migrate(src, dest, MigrateOptions(overwrite=True, **options))
+    except Exception as exc:
+        raise StageFailed(f"`neurontrain checkpoint migrate` ({stage}) failed: {exc!r}") from exc
+    (ctx.scratch / "logs" / f"{stage}.json").write_text(json.dumps(report, indent=2))
+    return report
 
 
 # -- 6. native -------------------------------------------------------------------------------------------------

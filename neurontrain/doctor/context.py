@@ -155,9 +155,13 @@ class DoctorContext:
         )
 
     def has_module(self, name: str) -> bool:
-        """Whether the runs' Python (with their environment) can import `name`."""
+        """Whether the runs' Python (with their environment) can import `name`: asked once, for every check."""
         code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
-        return subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True).returncode == 0
+
+        def found() -> bool:
+            return subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True).returncode == 0
+
+        return self.once(f"has-module {name}", found)
 
 
 def last_error(log: Path) -> str:

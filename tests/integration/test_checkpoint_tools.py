@@ -104,16 +104,12 @@ DEEPSPEED_CASES = [("llama", 1, 2), ("llama", 2, 3), ("llama", 3, 2), ("bert", 1
 
 @pytest.fixture(scope="module")
 def deepspeed_checkpoints(tmp_path_factory) -> dict:
-    """Every case's DeepSpeed checkpoint, written by one process per family (DeepSpeed and the model built once):
+    """Every case's DeepSpeed checkpoint, written by one process (DeepSpeed and each family's model set up once):
     {(family, stage, world): (ds dir, reference dir, DeepSpeed's own moments)}."""
     pytest.importorskip("deepspeed")
-    written = {}
-    for family in ("llama", "bert"):
-        cases = [(stage, world) for f, stage, world in DEEPSPEED_CASES if f == family]
-        paths = in_a_process_without_xla(deepspeed_zero_cases, tmp_path_factory.mktemp(family), family, cases=cases)
-        for i, (stage, world) in enumerate(cases):
-            written[family, stage, world] = paths[3 * i : 3 * i + 3]
-    return written
+    root = tmp_path_factory.mktemp("deepspeed")
+    paths = in_a_process_without_xla(deepspeed_zero_cases, root, None, cases=DEEPSPEED_CASES)
+    return {case: paths[3 * i : 3 * i + 3] for i, case in enumerate(DEEPSPEED_CASES)}
 
 
 @pytest.mark.parametrize("family, stage, world", DEEPSPEED_CASES)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lightning_tiny.py"
 ENCODER = REPO / "tests" / "lightning_encoder.py"
-SHORT, LONG = 40, 100  # validation every 10 steps (an epoch)
+SHORT, LONG = 20, 100  # validation every 10 steps (an epoch)
 
 
 def _start(out: Path, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
@@ -70,7 +70,7 @@ RUNS = {  # name: arguments; two at a time (two cores), each next one when the e
     "short": ["--max-steps", str(SHORT)],
     "long": ["--max-steps", str(LONG), "--dump"],  # starts once precompile has ended (its cache is then full)
     "plain": ["--max-steps", "3", "--plain"],
-    "item": ["--max-steps", "2", "--item", "--no-preflight"],
+    "item": ["--max-steps", "1", "--item", "--no-preflight"],
     "eager": ["--max-steps", str(SHORT), "--eager"],
     "fail": ["--max-steps", "3", "--buckets", "16,32", "--recompile-guard", "fail"],
     "preflight": ["--max-steps", "2", "--expected-devices", "4"],
