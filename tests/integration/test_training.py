@@ -99,6 +99,7 @@ def test_xla_matches_eager_reference_bert(tmp_path: Path):
     common = ["--set", "train.max_steps=50", "--set", "train.log_every=1", "--set", "checkpoint.every=0"]
     common += ["--set", "checkpoint.save_final=false", "--set", "train.precision=fp32", *NO_DROPOUT]
     common += ["--set", "train.eval_at_end=false"]  # the training losses are compared: no evaluation graphs
+    common += ["--no-preflight"]  # nor the preflight's device-check graphs
     for backend in ("xla-cpu", "eager"):
         _recipe_run(tmp_path / backend, "tiny-bert-classification", *common, "--backend", backend)
     _assert_xla_matches_eager(tmp_path / "xla-cpu", tmp_path / "eager", 50)
@@ -131,6 +132,7 @@ RESUME_ARGS = [
     "train.log_every=1",
     "--set",
     "train.eval_at_end=false",  # the weights are compared: an evaluation would only add its graphs to each run
+    "--no-preflight",  # nor the preflight's device checks: the resumed training is what is compared
 ]
 
 
@@ -221,6 +223,7 @@ def test_recompile_guard_fail_mode_names_the_shapes(tmp_path: Path):
         "train.schedule.kind=constant",
         "--set",
         "checkpoint.every=0",
+        "--no-preflight",  # the training graphs are counted: not the preflight's device checks
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(tmp_path / "g" / "summary.json")
@@ -249,6 +252,7 @@ def test_loop_variants_keep_one_graph_per_step_kind(tmp_path: Path):
         "train.schedule.warmup_steps=2",
         "--set",
         "train.recompile_guard=fail",
+        "--no-preflight",  # the training graphs are counted: not the preflight's device checks
     ]
     for item in LOOP_VARIANTS:
         args += ["--set", item]
