@@ -163,7 +163,7 @@ def _precompile_killed_mid_compile(args, env, tmp_path, cache):
     assert not list(cache.glob("neuronxcc-*/MODULE_*/model.log"))
 
 
-def test_sigkill_mid_compile_then_the_cache_dir_flag_relocates_everything_and_the_target_follows_the_host(
+def test_sigkill_mid_compile_then_a_rerun_in_the_cache_dir_flag_cache_for_the_hosts_target(
     tmp_path, recipes, neuron_runtime
 ):
     """A precompile SIGKILLed mid compile leaves no compiler and no poisoned entry: the precompile run again
