@@ -265,7 +265,7 @@ def test_run_with_a_worker_stopped_in_start_up_names_it_and_leaves_no_process(tm
     cmd += ["--output-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--set", "runtime.collective_timeout=5"]
     env = {**os.environ, "NT_TEST_MARKER": marker}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    os.kill(_rank1_worker(marker, time.time() + 60, b"neurontrain\0run"), signal.SIGSTOP)
+    os.kill(_rank1_worker(marker, time.time() + 180, b"neurontrain\0run"), signal.SIGSTOP)  # a loaded host
     try:
         _, stderr = proc.communicate(timeout=120)
         left = _marked(marker)
