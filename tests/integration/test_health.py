@@ -105,19 +105,20 @@ def test_health_passes_with_every_figure(tmp_path):
     _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])
-def test_a_stopped_or_killed_worker_is_named(tmp_path, sig):
+def test_a_killed_worker_is_named(tmp_path):
+    """SIGKILL to rank 1 in the collectives: exit 3 naming rank 1 as died (a worker stopped there is the
+    parametrization "in the collectives" of the test below)."""
     start = time.time()
     proc = _start(tmp_path)
     victim = _wait_for_collectives(tmp_path, 1)
-    os.kill(victim, sig)
+    os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=TIMEOUT + 30)
     elapsed = time.time() - start
     assert proc.returncode == 3, stderr[-3000:]
     assert elapsed <= TIMEOUT + 5
     out = read_json(tmp_path / "out.json")
     assert [b["rank"] for b in out["bad_ranks"]] == [1]
-    assert out["bad_ranks"][0]["problem"].startswith("hung" if sig == signal.SIGSTOP else "died")
+    assert out["bad_ranks"][0]["problem"].startswith("died")
     assert "rank 1 on" in stderr.strip().splitlines()[-1]
     _no_process_left(tmp_path, [r["pid"] for r in out["ranks"].values()])
 
@@ -147,17 +148,18 @@ def _rank1_worker(marker: str, deadline: float, command: bytes = b"neurontrain.h
     raise AssertionError("rank 1's worker never started")
 
 
-@pytest.mark.parametrize("when", ["start-up", "after its first heartbeat"])
+@pytest.mark.parametrize("when", ["start-up", "in the collectives"])
 def test_a_worker_stopped_is_blamed_and_ended_with_every_process_of_the_run(tmp_path, when):
-    """SIGSTOP to rank 1 while it imports (no heartbeat yet) or after its first heartbeat: exit 3 naming rank 1
-    (rank 0, waiting on it, is not blamed), and no process of the run is left, the stopped one included."""
+    """SIGSTOP to rank 1 while it imports (no heartbeat yet) or once it is in the collectives (its rendezvous
+    done, rank 0 waiting on it in a collective): exit 3 naming rank 1 (rank 0 is not blamed) within the
+    timeout, and no process of the run is left, the stopped one included."""
     marker = str(tmp_path)
     start = time.time()
     proc = _start(tmp_path, "--timeout", "20", env={"NT_TEST_MARKER": marker})
-    victim = _rank1_worker(marker, start + 60)  # a loaded host may take long to start torchrun's workers
-    if when != "start-up":
-        while not (tmp_path / "work" / "rank1.json").exists() and time.time() < start + 60:
-            time.sleep(0.02)
+    if when == "start-up":
+        victim = _rank1_worker(marker, start + 60)  # a loaded host may take long to start torchrun's workers
+    else:
+        victim = _wait_for_collectives(tmp_path, 1, deadline=60)
     os.kill(victim, signal.SIGSTOP)
     stopped = time.time()
     try:
@@ -172,7 +174,7 @@ def test_a_worker_stopped_is_blamed_and_ended_with_every_process_of_the_run(tmp_
     # the node's device check, slow on a loaded host, may be named too, after the workers
     assert [b["rank"] for b in out["bad_ranks"] if isinstance(b["rank"], int)] == [1], out["bad_ranks"]
     assert out["bad_ranks"][0]["problem"] == "hung (process stopped, no heartbeat)"
-    assert "rank 1 on" in stderr
+    assert "rank 1 on" in stderr.strip().splitlines()[-1]
     assert time.time() - stopped < 20 + 30  # the coordinator's timeout, not a hang
 
 
@@ -263,7 +265,7 @@ def test_run_with_a_worker_stopped_in_start_up_names_it_and_leaves_no_process(tm
     cmd += ["--output-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--set", "runtime.collective_timeout=5"]
     env = {**os.environ, "NT_TEST_MARKER": marker}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    os.kill(_rank1_worker(marker, time.time() + 60, b"neurontrain\0run"), signal.SIGSTOP)
+    os.kill(_rank1_worker(marker, time.time() + 180, b"neurontrain\0run"), signal.SIGSTOP)  # a loaded host
     try:
         _, stderr = proc.communicate(timeout=120)
         left = _marked(marker)

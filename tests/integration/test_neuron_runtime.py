@@ -9,9 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, read_json, run_cli
+from conftest import RECIPES, REPO, read_json, run_cli, standin_runtime
 
 from neurontrain.compile.runtime_compile import default_compile_workers, host_memory_bytes
 
@@ -39,74 +40,80 @@ def _precompile(args, env, tmp_path, name, *extra):
     return read_json(tmp_path / f"{name}.json")
 
 
-def test_after_precompile_every_run_graph_is_a_cache_hit(tmp_path, recipes, neuron_runtime):
-    """The BERT family, with the preflight's device-check graphs; the Llama family's one- and two-worker runs
-    (the doctor's recipe) are checked the same way in test_doctor.py, on `neurontrain doctor --quick`'s runs."""
-    env, read_log = neuron_runtime
-    recipe = "tiny-bert-classification"
-    cache = tmp_path / "cache"
-    args = [str(recipes / f"{recipe}.yaml"), "--set", f"runtime.compile_cache={cache}", *SHORT]
-    report = _precompile(args, env, tmp_path, "one")
+AWS_KEYS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_EC2_METADATA_DISABLED",
+)
+
+
+@pytest.fixture(scope="module")
+def bert_fleet(tmp_path_factory, s3_server):
+    """The BERT family (with the preflight's device-check graphs) precompiled on one node into an S3 store, then
+    run on another node that pulls it: one precompile and one run, read by the cache-hit and the fleet tests."""
+    import boto3
+
+    root = tmp_path_factory.mktemp("bert-fleet")
+    env, read_log = standin_runtime(root)
+    env = {**env, **s3_server}
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], **_credentials(s3_server))
+    bucket = "bert-fleet-b"
+    client.create_bucket(Bucket=bucket)
+    args = [str(RECIPES / "tiny-bert-classification.yaml"), "--set", f"runtime.compile_cache=s3://{bucket}/fleet"]
+    args += SHORT
+    node1, node2 = root / "node1", root / "node2"
+    report = _precompile(args, env, root, "pre", "--local", str(node1))
+    extracted = {e["module"] for e in _events(read_log, "extract")}
+    compile_phases = _events(read_log, "parallel_compile")
+    start = len(read_log())
+    run = run_cli("run", *args, "--output-dir", str(root / "run"), env={**env, "NEURONTRAIN_CACHE_DIR": str(node2)})
+    assert run.returncode == 0, run.stderr
+    return SimpleNamespace(
+        env=env,
+        bucket=bucket,
+        client=client,
+        node1=node1,
+        node2=node2,
+        report=report,
+        extracted=extracted,
+        compile_phases=compile_phases,
+        run_events=read_log()[start:],
+        summary=read_json(root / "run" / "summary.json"),
+    )
+
+
+def _credentials(server_env: dict) -> dict:
+    return {
+        "aws_access_key_id": server_env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": server_env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": server_env["AWS_DEFAULT_REGION"],
+    }
+
+
+def test_after_precompile_every_run_graph_is_a_cache_hit(bert_fleet):
+    """The BERT family, with the preflight's device-check graphs, precompiled on node 1 and run on node 2 through
+    the S3 store; the Llama family's one- and two-worker runs (the doctor's recipe, on a local cache) are checked
+    the same way in test_doctor.py, on `neurontrain doctor --quick`'s runs."""
+    report, cache = bert_fleet.report, bert_fleet.node1
     manifest = read_json(report["manifest"])
     named = {m for g in manifest["graphs"] for m in g["modules"]}
     # the manifest names exactly the directories the runtime created, each compiled by its parallel compile phase
-    assert named == {e["module"] for e in _events(read_log, "extract")}
+    assert named == bert_fleet.extracted
     assert set(_modules(cache)) == named
     assert all({"model.neff", "model.done"} <= files for files in _modules(cache).values())
     assert report["failed"] == 0 and report["compiled"] == len(named)
     assert all(g["modules"] for g in manifest["graphs"])
     # no --workers: the compile pool's size is passed, one per 64 GiB of this host's memory
-    assert [e["num_parallel"] for e in _events(read_log, "parallel_compile")] == [
-        default_compile_workers(host_memory_bytes())
-    ]
+    assert [e["num_parallel"] for e in bert_fleet.compile_phases] == [default_compile_workers(host_memory_bytes())]
 
-    start = len(read_log())
-    run = run_cli("run", *args, "--output-dir", str(tmp_path / "run1"), env=env)
-    assert run.returncode == 0, run.stderr
-    seen = read_log()[start:]
-    assert [e for e in seen if e["event"] == "miss"] == []
+    seen = bert_fleet.run_events
+    assert seen and [e for e in seen if e["event"] == "miss"] == []
     assert {e["module"] for e in seen if e["event"] == "hit"} == named
-    summary = read_json(tmp_path / "run1" / "summary.json")
+    summary = bert_fleet.summary
     assert summary["neuron_cache"]["compiled_at_run_time"] == 0
     assert summary["neuron_cache"]["cache_hits"] == summary["compilations"] > 0
-
-
-def test_cache_dir_flag_relocates_everything_and_the_target_follows_the_host(tmp_path, recipes, neuron_runtime):
-    env, read_log = neuron_runtime
-    flagged, recipe_cache, argv_log = tmp_path / "flagged", tmp_path / "recipe-cache", tmp_path / "argv.jsonl"
-    env = {
-        **env,
-        "NEURON_CC_FLAGS": f"--cache_dir={flagged} --retry_failed_compilation --log_level=INFO",
-        "STANDIN_INSTANCE_TYPE": "trn2.48xlarge",
-        "STANDIN_CC_ARGV_LOG": str(argv_log),
-    }
-    args = [
-        str(recipes / "tiny-llama-clm.yaml"),
-        "--set",
-        f"runtime.compile_cache={recipe_cache}",
-        *NO_EVAL,
-        "--set",
-        "runtime.preflight=false",
-        "--set",
-        "runtime.compiler_flags=[--model-type=transformer]",
-    ]
-    report = _precompile(args, env, tmp_path, "pre")
-    assert Path(report["manifest"]).is_relative_to(flagged)
-    assert not recipe_cache.exists() or not any(recipe_cache.rglob("*"))
-    assert len(_modules(flagged)) == report["compiled"] > 0
-    lines = [json.loads(line) for line in argv_log.read_text().splitlines()]
-    assert len(lines) == report["compiled"]
-    for argv in lines:
-        assert "--target=trn2" in argv and "--model-type=transformer" in argv
-        assert not any(a.startswith(("--cache_dir", "--retry_failed_compilation", "--log_level")) for a in argv)
-    for d in flagged.glob("neuronxcc-*/MODULE_*"):
-        assert json.loads((d / "compile_flags.json").read_text())[0] == "--target=trn2"
-
-    # the recipe can set the target; the same graphs for another target are other modules
-    argv_log.unlink()
-    report = _precompile(args + ["--set", "runtime.neuron_target=trn1"], env, tmp_path, "trn1")
-    assert all("--target=trn1" in json.loads(line) for line in argv_log.read_text().splitlines())
-    assert len(_modules(flagged)) == 2 * report["compiled"]
 
 
 def _alive(pid: int) -> bool:
@@ -129,17 +136,10 @@ def _processes_mentioning(text: str) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, recipes, neuron_runtime):
-    env, _ = neuron_runtime
-    cache, cc_log = tmp_path / "cache", tmp_path / "cc.log"
-    args = [
-        str(recipes / "tiny-llama-clm.yaml"),
-        "--set",
-        f"runtime.compile_cache={cache}",
-        *NO_EVAL,
-        "--set",
-        "runtime.preflight=false",
-    ]
+def _precompile_killed_mid_compile(args, env, tmp_path, cache):
+    """`neurontrain precompile ARGS` SIGKILLed once its first compiler started: no compiler, no compile process
+    and no poisoned (failed) module entry may be left in `cache`."""
+    cc_log = tmp_path / "cc.log"
     slow = {**os.environ, "PYTHONUNBUFFERED": "1", **env, "STANDIN_CC_SECONDS": "120", "STANDIN_CC_LOG": str(cc_log)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "neurontrain", "precompile", *args],
@@ -151,7 +151,7 @@ def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, 
     deadline = time.time() + 240
     while not (cc_log.exists() and cc_log.read_text().strip()):
         assert proc.poll() is None and time.time() < deadline, "the compile never started"
-        time.sleep(0.5)
+        time.sleep(0.1)
     compilers = [int(line.split()[1]) for line in cc_log.read_text().splitlines()]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -162,11 +162,53 @@ def test_sigkill_mid_compile_leaves_no_compiler_and_no_poisoned_entry(tmp_path, 
     assert _processes_mentioning(str(cache)) == [], "a compile process outlived precompile"
     assert not list(cache.glob("neuronxcc-*/MODULE_*/model.log"))
 
-    rerun = run_cli("precompile", *args, "--json", str(tmp_path / "again.json"), env=env)
-    assert rerun.returncode == 0, rerun.stderr
-    again = read_json(tmp_path / "again.json")
-    assert again["failed"] == 0 and again["compiled"] + again["already_cached"] >= 1
-    assert all(g["status"] in ("compiled", "cached") for g in again["graphs"])
+
+def test_sigkill_mid_compile_then_a_rerun_in_the_cache_dir_flag_cache_for_the_hosts_target(
+    tmp_path, recipes, neuron_runtime
+):
+    """A precompile SIGKILLed mid compile leaves no compiler and no poisoned entry: the precompile run again
+    afterwards (in the cache NEURON_CC_FLAGS' --cache_dir names) compiles every module; that rerun is also the
+    one whose cache location, target and compiler command lines are checked."""
+    env, _ = neuron_runtime
+    flagged, recipe_cache, argv_log = tmp_path / "flagged", tmp_path / "recipe-cache", tmp_path / "argv.jsonl"
+    env = {
+        **env,
+        "NEURON_CC_FLAGS": f"--cache_dir={flagged} --retry_failed_compilation --log_level=INFO",
+        "STANDIN_INSTANCE_TYPE": "trn2.48xlarge",
+    }
+    args = [
+        str(recipes / "tiny-llama-clm.yaml"),
+        "--set",
+        f"runtime.compile_cache={recipe_cache}",
+        *NO_EVAL,
+        "--set",
+        "runtime.preflight=false",
+        "--set",
+        "runtime.compiler_flags=[--model-type=transformer]",
+    ]
+    _precompile_killed_mid_compile(args, env, tmp_path, flagged)
+
+    env = {**env, "STANDIN_CC_ARGV_LOG": str(argv_log)}
+    report = _precompile(args, env, tmp_path, "pre")
+    assert report["failed"] == 0 and report["compiled"] + report["already_cached"] >= 1
+    assert all(g["status"] in ("compiled", "cached") for g in report["graphs"])
+    assert Path(report["manifest"]).is_relative_to(flagged)
+    assert not recipe_cache.exists() or not any(recipe_cache.rglob("*"))
+    # the killed precompile extracted every module and compiled none: the rerun compiles them all
+    assert len(_modules(flagged)) == report["compiled"] > 0
+    lines = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert len(lines) == report["compiled"]
+    for argv in lines:
+        assert "--target=trn2" in argv and "--model-type=transformer" in argv
+        assert not any(a.startswith(("--cache_dir", "--retry_failed_compilation", "--log_level")) for a in argv)
+    for d in flagged.glob("neuronxcc-*/MODULE_*"):
+        assert json.loads((d / "compile_flags.json").read_text())[0] == "--target=trn2"
+
+    # the recipe can set the target; the same graphs for another target are other modules
+    argv_log.unlink()
+    report = _precompile(args + ["--set", "runtime.neuron_target=trn1"], env, tmp_path, "trn1")
+    assert all("--target=trn1" in json.loads(line) for line in argv_log.read_text().splitlines())
+    assert len(_modules(flagged)) == 2 * report["compiled"]
 
 
 def test_extraction_run_keeps_nothing(tmp_path, recipes, neuron_runtime):
@@ -202,42 +244,12 @@ def test_extraction_run_keeps_nothing(tmp_path, recipes, neuron_runtime):
     assert summary["neuron_cache"]["cache_hits"] == 0
 
 
-def test_fleet_through_s3_and_import_of_a_runtime_cache(tmp_path, recipes, neuron_runtime, s3_bucket):
-    env, read_log = neuron_runtime
-    bucket, client = s3_bucket
-    env = {
-        **env,
-        **{
-            k: os.environ[k]
-            for k in (
-                "AWS_ENDPOINT_URL",
-                "AWS_ACCESS_KEY_ID",
-                "AWS_SECRET_ACCESS_KEY",
-                "AWS_DEFAULT_REGION",
-                "AWS_EC2_METADATA_DISABLED",
-            )
-        },
-    }
-    store = f"s3://{bucket}/fleet"
-    args = [
-        str(recipes / "tiny-llama-clm.yaml"),
-        "--set",
-        f"runtime.compile_cache={store}",
-        *NO_EVAL,
-        "--set",
-        "runtime.preflight=false",
-    ]
-    node1, node2 = tmp_path / "node1", tmp_path / "node2"
-    pre = run_cli("precompile", *args, "--local", str(node1), "--json", str(tmp_path / "pre.json"), env=env)
-    assert pre.returncode == 0, pre.stderr
-    start = len(read_log())
-    run = run_cli("run", *args, "--output-dir", str(tmp_path / "run"), env={**env, "NEURONTRAIN_CACHE_DIR": str(node2)})
-    assert run.returncode == 0, run.stderr
-    seen = read_log()[start:]
-    assert seen and [e for e in seen if e["event"] == "miss"] == []
-    assert set(_modules(node2)) == set(_modules(node1))
+def test_fleet_through_s3_and_import_of_a_runtime_cache(tmp_path, bert_fleet):
+    """Node 2 ran from what node 1 precompiled into the S3 store (its run: no miss, the cache-hit test); then a
+    cache that neuron_parallel_compile filled in S3 (runtime layout) is imported, a damaged NEFF refused."""
+    client, bucket, node1 = bert_fleet.client, bert_fleet.bucket, bert_fleet.node1
+    assert set(_modules(bert_fleet.node2)) == set(_modules(node1))
 
-    # a cache that neuron_parallel_compile filled in S3 (runtime layout): imported, a damaged NEFF refused
     modules = sorted(node1.glob("neuronxcc-*/MODULE_*"))
     for d in modules:
         for f in d.iterdir():
@@ -245,7 +257,7 @@ def test_fleet_through_s3_and_import_of_a_runtime_cache(tmp_path, recipes, neuro
                 body = b"" if (d == modules[0] and f.name == "model.neff") else f.read_bytes()
                 client.put_object(Bucket=bucket, Key=f"legacy/{d.parent.name}/{d.name}/{f.name}", Body=body)
     node3 = tmp_path / "node3"
-    imp = run_cli("cache", "import", f"s3://{bucket}/legacy", "--local", str(node3), env=env)
+    imp = run_cli("cache", "import", f"s3://{bucket}/legacy", "--local", str(node3), env=bert_fleet.env)
     assert imp.returncode == 0, imp.stderr
     result = json.loads(imp.stdout)
     assert result["imported"] == len(modules) - 1 and len(result["refused"]) == 1
