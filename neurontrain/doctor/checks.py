@@ -14,6 +14,8 @@ from pathlib import Path
 
 from neurontrain.backends import neuron_devices, neuron_runtime_present, package_versions, resolve_backend_name
 from neurontrain.backends.native import torchneuron_host
+from neurontrain.checkpoint.migrate import MigrateOptions, migrate
+from neurontrain.checkpoint.verify import verify
 from neurontrain.compile.cache import default_local
 from neurontrain.compile.neuron_runtime import compiler_view, host_product_name
 from neurontrain.compile.runtime_cache import (
@@ -276,8 +278,6 @@ def check_tensor_parallel(ctx: DoctorContext) -> Verdict:
 def merged_back(ctx: DoctorContext, shards: Path, reference: Path) -> dict:
     """`checkpoint migrate --to gpu` of the TP run's last checkpoint, then `checkpoint verify --logits` of it
     against the unsharded run."""
-    from neurontrain.checkpoint.verify import verify  # lazy: tensor parallel only
-
     merged = ctx.scratch / "tp-merged"
     migrated(ctx, "tp-merge", shards, merged, to="gpu")
     try:
@@ -291,8 +291,6 @@ def merged_back(ctx: DoctorContext, shards: Path, reference: Path) -> dict:
 def migrated(ctx: DoctorContext, stage: str, src: Path, dest: Path, **options: object) -> dict:
     """`neurontrain checkpoint migrate SRC DEST --overwrite` in this process: torch is loaded here already, and
     a process of its own would load it again for a conversion of a second."""
-    from neurontrain.checkpoint.migrate import MigrateOptions, migrate  # lazy: tensor parallel only
-
     try:
         report = migrate(src, dest, MigrateOptions(overwrite=True, **options))
     except Exception as exc:
