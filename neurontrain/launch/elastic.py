@@ -65,7 +65,7 @@ def launch(topology: Topology, worker_argv: list[str], *, script: bool = False) 
 def _workers_failed(exc, topology: Topology, stopped: Marked | None) -> WorkersFailed:
     """The first failed worker, after the worker seen stopped (SIGSTOP: state T) if there was one: the others
     failed waiting on it."""
-    rank, failure = exc.get_first_failure()
+    rank, failure = root_failure(exc.failures)
     code = failure.exitcode
     how = f"was killed by {failure.signal_name()}" if code < 0 else f"exited with code {code}"
     restarts = (
@@ -80,6 +80,18 @@ def _workers_failed(exc, topology: Topology, stopped: Marked | None) -> WorkersF
             f"(state T, e.g. SIGSTOP); then {message}"
         )
     return WorkersFailed(message, code if code in (2, 3) else 1)
+
+
+def root_failure(failures: dict) -> tuple[int, object]:
+    """The failure that names the group's: the first one (torchrun's timestamps, whole seconds), except that among
+    failures seen in the same second as it, a worker's own verdict (exit 2 or 3: bad input, a failed health check)
+    wins over a signal or exit 1: the workers of a failed preflight all exit 3 at once, and one of them dying in
+    its teardown (SIGABRT from a collective's thread) must not turn the run's exit 3 into 1."""
+    first = min(failures, key=lambda r: failures[r].timestamp)
+    same_moment = sorted(r for r, f in failures.items() if f.timestamp - failures[first].timestamp <= 1)
+    verdicts = [r for r in same_moment if failures[r].exitcode in (2, 3)]
+    rank = verdicts[0] if verdicts else first
+    return rank, failures[rank]
 
 
 def check_master_address(topology: Topology) -> None:

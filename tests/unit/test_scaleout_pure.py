@@ -8,6 +8,7 @@ from neurontrain.data.batching import IndexBatch
 from neurontrain.data.collate import Collator
 from neurontrain.data.sharding import resolve_grad_accum, worker_rows
 from neurontrain.errors import UsageError
+from neurontrain.launch.elastic import root_failure
 from neurontrain.launch.topology import Topology, torchrun_args
 from neurontrain.plan.description import describe_plan
 
@@ -143,3 +144,23 @@ def test_a_worker_planning_from_the_served_lengths_plans_what_the_launcher_plann
     assert worker.batcher.lengths == launcher.batcher.lengths and lengths.truncated == data.truncated
     if buckets == "data.buckets=[32,64]":
         assert data.truncated > 0 and max(launcher.batcher.lengths) == 64  # the case where planning cuts samples
+
+
+def _failures(*cases: tuple[int, int, float]) -> dict:
+    """torchrun's own failure records (ProcessFailure): (rank, exit code, timestamp)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failures = {}
+    for rank, code, timestamp in cases:
+        failures[rank] = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="/nonexistent")
+        failures[rank].timestamp = timestamp
+    return failures
+
+
+def test_a_workers_own_verdict_names_the_group_when_a_peer_crashed_in_the_same_second():
+    # every worker of a failed preflight exits 3; one aborting in its teardown must not make the run's exit 1
+    assert root_failure(_failures((0, 3, 100), (1, -6, 100)))[0] == 0
+    assert root_failure(_failures((0, -6, 100), (1, 3, 101)))[0] == 1
+    # otherwise the first failure names it: a crash long before the others' health check timed out on it
+    assert root_failure(_failures((0, 3, 160), (1, -9, 100)))[0] == 1
+    assert root_failure(_failures((0, 1, 100), (1, -6, 100)))[0] == 0
