@@ -10,7 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, ray_train_worker_pids, read_json, read_metrics, run_cli, run_killing_a_worker
+from conftest import (
+    RECIPES,
+    cli_in_process,
+    ray_train_worker_pids,
+    read_json,
+    read_metrics,
+    run_cli,
+    run_killing_a_worker,
+)
 
 from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
@@ -183,7 +191,7 @@ def test_two_bert_workers_match_one_worker(tmp_path, packing, request):
     assert s1["eval_accuracy"] == s2["eval_accuracy"]
 
 
-def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path):
+def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_workers, tmp_path, capsys):
     out = tmp_path / "killed"
     args = ["run", LLAMA, "-o", str(out), "--nproc-per-node", "2", "--max-restarts", "1", *LLAMA_ARGS]
     code, stderr = run_killing_a_worker(args, out, 4)
@@ -193,8 +201,10 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_wo
     assert sorted(_losses(out)) == list(range(1, 17))  # steps after the checkpoint were logged again, once
     preflight = read_metrics(out / "preflight.jsonl")
     assert [p["restart"] for p in preflight] == [0, 1] and all(p["ok"] for p in preflight)
-    verify = run_cli("checkpoint", "verify", str(llama_two_workers / "model"), str(out / "model"), timeout=120)
-    assert verify.returncode == 0 and "EQUAL" in verify.stdout, verify.stdout + verify.stderr
+    code, stdout, stderr = cli_in_process(
+        capsys, "checkpoint", "verify", str(llama_two_workers / "model"), str(out / "model")
+    )
+    assert code == 0 and "EQUAL" in stdout, stdout + stderr
 
 
 @pytest.mark.parametrize(
