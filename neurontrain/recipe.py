@@ -85,7 +85,9 @@ class DataSpec(_Strict):
     train_samples: int | None = Field(None, ge=1)
     eval_samples: int = Field(0, ge=0)
     max_length: int = Field(..., ge=8)
-    overlong: Literal["truncate", "fail"] = "truncate"
+    # a document longer than max_length: cut (truncate), refused (fail), or cut into max_length samples (split);
+    # a recipe that does not say gets split for causal LM (no token of the corpus dropped), truncate otherwise
+    overlong: Literal["truncate", "fail", "split"] = "truncate"
     batch_size: int = Field(..., ge=1)
     eval_batch_size: int | None = Field(None, ge=1)
     buckets: list[int] | Literal["auto", "max", "dynamic"] = "auto"
@@ -225,8 +227,21 @@ class Recipe(_Strict):
     parallel: ParallelSpec = ParallelSpec()
     cluster: ClusterSpec = ClusterSpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _overlong_for_task(cls, values: Any) -> Any:
+        data = values.get("data") if isinstance(values, dict) else None
+        if isinstance(data, dict) and "overlong" not in data and values.get("task") == "causal-lm":
+            return values | {"data": data | {"overlong": "split"}}
+        return values
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
+        if self.task == "sequence-classification" and self.data.overlong == "split":
+            raise ValueError(
+                "data.overlong: split makes several samples of one document, which a sequence label cannot follow "
+                "(use truncate or fail for sequence-classification)"
+            )
         if self.task == "sequence-classification" and not self.data.label_field:
             raise ValueError("task sequence-classification needs data.label_field")
         if self.tokenizer.pretrained is None and self.tokenizer.word_level is None and self.model.pretrained is None:

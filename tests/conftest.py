@@ -43,6 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # and reads it afterwards, never a fact an earlier run or another checkout left in ~/.cache.
     if "NEURONTRAIN_FACT_CACHE" not in os.environ:
         os.environ["NEURONTRAIN_FACT_CACHE"] = tempfile.mkdtemp(prefix="neurontrain-facts-")
+    # The tokenized data store (neurontrain/data/store.py) of this session only, shared by its processes: a recipe's
+    # data is tokenized once a run of the suite, as on a user's node, and never read from an earlier run's store.
+    if "NEURONTRAIN_DATA_CACHE" not in os.environ:
+        os.environ["NEURONTRAIN_DATA_CACHE"] = tempfile.mkdtemp(prefix="neurontrain-data-")
     _SESSION_ENV.update(os.environ)
 
 

@@ -19,6 +19,7 @@ from neurontrain.data.collate import Collator
 from neurontrain.data.rows import decode_row, encode_row
 from neurontrain.data.service import LABEL_KEY, BatchIndex, Collation, StreamRecord, in_lockstep
 from neurontrain.data.sources import PreparedData, prepare_data
+from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.errors import UsageError
 from neurontrain.recipe import DataServiceSpec, Recipe
 
@@ -54,7 +55,7 @@ class TrainIds:
     """What the collation actors need of the tokenized data (not the tokenizer: unpickling it would import
     transformers in every actor)."""
 
-    ids: list[list[int]]
+    ids: TokenSeqs
     labels: list[int] | None
 
 

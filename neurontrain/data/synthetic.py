@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 
 _POSITIVE = (
     "great excellent love wonderful perfect amazing superb fantastic delightful brilliant sturdy reliable "
@@ -34,8 +35,12 @@ def _length(rng: random.Random, median: float, sigma: float, low: int, high: int
 
 def sentiment_reviews(n: int, seed: int, median_words: float = 28.0, sigma: float = 0.7) -> list[dict]:
     """Amazon-Polarity-shaped records: {'content': str, 'label': 0|1}. The label is carried by sentiment words."""
+    return list(iter_sentiment_reviews(n, seed, median_words, sigma))
+
+
+def iter_sentiment_reviews(n: int, seed: int, median_words: float = 28.0, sigma: float = 0.7) -> Iterator[dict]:
+    """`sentiment_reviews` one record at a time (the same records, in the same order)."""
     rng = random.Random(f"sentiment:{seed}")
-    records = []
     for _ in range(n):
         label = rng.randint(0, 1)
         words = []
@@ -47,8 +52,7 @@ def sentiment_reviews(n: int, seed: int, median_words: float = 28.0, sigma: floa
                 words.append(rng.choice(_NEGATIVE if label else _POSITIVE))
             else:
                 words.append(rng.choice(_NEUTRAL))
-        records.append({"content": " ".join(words), "label": label})
-    return records
+        yield {"content": " ".join(words), "label": label}
 
 
 def _sentence(rng: random.Random) -> str:
@@ -60,8 +64,12 @@ def _sentence(rng: random.Random) -> str:
 
 def story_text(n: int, seed: int, median_words: float = 40.0, sigma: float = 0.6) -> list[dict]:
     """Short documents of templated sentences for causal-LM recipes: {'text': str}."""
+    return list(iter_story_text(n, seed, median_words, sigma))
+
+
+def iter_story_text(n: int, seed: int, median_words: float = 40.0, sigma: float = 0.6) -> Iterator[dict]:
+    """`story_text` one record at a time (the same records, in the same order)."""
     rng = random.Random(f"text:{seed}")
-    records = []
     for _ in range(n):
         target = _length(rng, median_words, sigma, 6, 800)
         sentences, words = [], 0
@@ -69,5 +77,4 @@ def story_text(n: int, seed: int, median_words: float = 40.0, sigma: float = 0.6
             s = _sentence(rng)
             sentences.append(s)
             words += len(s.split())
-        records.append({"text": " ".join(sentences)})
-    return records
+        yield {"text": " ".join(sentences)}

@@ -66,7 +66,7 @@ def fit_to_fixed_buckets(recipe: Recipe, data: PreparedData) -> None:
                 if split == "train":
                     data.truncate_train(i, limit)
                 else:
-                    data.eval_ids[i] = data.eval_ids[i][:limit]
+                    data.eval_ids.truncate(i, limit)
                 data.truncated += 1
 
 
