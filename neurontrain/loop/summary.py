@@ -64,6 +64,7 @@ class RunSummary:
     data_fingerprint: str | None = None  # hash of the data settings that pick the samples (compare needs them equal)
     learning_rate: float | None = None  # peak learning rate (train.optimizer.lr)
     instance_type: str | None = None  # NEURONTRAIN_INSTANCE_TYPE, SageMaker's instance type or the recipe's cluster
+    data: dict = field(default_factory=dict)  # tokenized data: store, documents tokenized (0: reused), tokens kept/cut
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

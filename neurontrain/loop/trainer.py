@@ -247,6 +247,7 @@ class Trainer:
             resumed_from_step=self.start_step or None,
             checked_against_manifest=self.manifest_graphs is not None,
             samples_trained=plan.samples_trained(),
+            data=plan.data.store,
             restarts=self.dp.restart,
             buckets=plan.buckets,
             bucket_mode=plan.bucket_mode,
