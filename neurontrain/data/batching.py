@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neurontrain.data.buckets import bucket_for, round_up
 from neurontrain.data.packing import Packing, pack_rows
@@ -46,6 +46,14 @@ class Batcher:
     drop_last: bool
     multiple: int = 1
     packing: Packing | None = None  # set: batches of batch_size packed rows of packing.row_length
+    # the last epochs made: planning walks the first epoch several times (a million samples pack in seconds)
+    _recent: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __getstate__(self) -> dict:  # a batcher sent to another process goes without its epochs
+        return {k: v for k, v in self.__dict__.items() if k != "_recent"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _recent={})
 
     def _chunks(self, indices: list) -> list[tuple]:
         out = [tuple(indices[i : i + self.batch_size]) for i in range(0, len(indices), self.batch_size)]
@@ -54,6 +62,13 @@ class Batcher:
         return out
 
     def epoch(self, epoch: int) -> list[IndexBatch]:
+        if epoch not in self._recent:
+            if len(self._recent) >= 2:
+                del self._recent[min(self._recent)]
+            self._recent[epoch] = self._make_epoch(epoch)
+        return self._recent[epoch]
+
+    def _make_epoch(self, epoch: int) -> list[IndexBatch]:
         rng = random.Random(f"{self.seed}:{epoch}")
         order = list(range(len(self.lengths)))
         if self.shuffle:

@@ -55,6 +55,12 @@ class RecordSource:
         stat = path.stat()
         return out | {"resolved": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
+    def count(self) -> int:
+        """Records in both splits (a file or hub source is loaded to count them)."""
+        if self.generated:
+            return (self.data.train_samples or 2000) + self.data.eval_samples
+        return sum(len(ds) for ds in self._datasets() if ds is not None)
+
     def chunks(self) -> Iterator[Chunk]:
         if self.generated:
             yield from self._generated_chunks()

@@ -9,6 +9,9 @@ with the ids.
 from __future__ import annotations
 
 import hashlib
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,20 @@ def _material(recipe: Recipe, source: RecordSource, tokenizer: Any) -> dict:
     }
 
 
+def _encoded(recipe: Recipe, source: RecordSource, encode: Callable) -> Iterator[tuple[str, dict, list]]:
+    """(split, columns, ids) of each chunk: a thread encodes one chunk (the Rust encoder releases the GIL) while
+    the next is read or generated."""
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        for split, columns in source.chunks():
+            future = pool.submit(encode, text_column(columns, recipe))
+            if pending is not None:
+                yield pending[0], pending[1], pending[2].result()
+            pending = (split, columns, future)
+        if pending is not None:
+            yield pending[0], pending[1], pending[2].result()
+
+
 def _tokenize_into(recipe: Recipe, source: RecordSource, tokenizer: Any, directory: Path) -> dict:
     """Tokenize every record into the store's files under `directory`; what meta.json records of it."""
     from tqdm import tqdm  # lazy: only a build shows progress
@@ -97,15 +114,14 @@ def _tokenize_into(recipe: Recipe, source: RecordSource, tokenizer: Any, directo
     if tokenizer is None:
         tokenizer = build_tokenizer(recipe, source.train_texts(WORD_LEVEL_SAMPLE))
         save_tokenizer(tokenizer, directory)
-    encode = encoder_for(tokenizer)
     dtype = token_dtype(len(tokenizer))
     writers = {split: SplitWriter(directory, split, dtype) for split in ("train", "eval")}
     counts = {split: OverlongCounts() for split in writers}
-    expected = (d.train_samples or 0) + d.eval_samples
-    with tqdm(total=expected or None, unit="doc", desc="tokenizing", disable=expected < _PROGRESS_FROM) as bar:
-        for split, columns in source.chunks():
+    total = source.count()
+    interval = 0.5 if sys.stderr.isatty() else 30.0
+    with tqdm(total=total, unit="doc", desc="tokenizing", disable=total < _PROGRESS_FROM, mininterval=interval) as bar:
+        for split, columns, encoded in _encoded(recipe, source, encoder_for(tokenizer)):
             first = counts[split].documents
-            encoded = encode(text_column(columns, recipe))
             samples, origin, made = fit_documents(encoded, d.max_length, d.overlong, split, first)
             labels = None
             if recipe.task == "sequence-classification":
