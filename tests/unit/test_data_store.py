@@ -134,3 +134,41 @@ def test_a_changed_data_file_is_tokenized_again(store, tmp_path):
     assert prepare_data(_llama(*overrides)).store["tokenized_documents"] == 0
     path.write_text(path.read_text() + json.dumps({"text": "a new line ."}) + "\n")
     assert prepare_data(_llama(*overrides)).store["tokenized_documents"] == 34
+
+
+def test_split_documents_train_packed_as_unpacked_on_the_same_pieces(store, tmp_path):
+    """Documents of 1,024 tokens (1,022 words, the bos and eos) at max_length 128: eight pieces each, every token
+    kept; packed rows then hold one piece each, in the order unpacked batches do, so the losses must agree."""
+    from neurontrain.backends import select_backend
+    from neurontrain.loop.trainer import Trainer
+    from neurontrain.plan.planning import make_plan
+
+    path = tmp_path / "long.jsonl"
+    words = "the old cat sees the young dog near the river .".split()
+    rows = [" ".join(words[(i + j) % len(words)] for j in range(1022)) for i in range(6)]
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
+    common = [
+        "data.source=json",
+        f"data.path={path}",
+        "data.train_samples=6",
+        "data.eval_samples=0",
+        "data.shuffle=false",
+        "data.buckets=[128]",
+        "data.batch_size=4",
+        "train.max_steps=3",
+        "train.schedule.warmup_steps=1",
+        "train.log_every=1",
+        "train.eval_at_end=false",
+        "checkpoint.every=0",
+        "checkpoint.save_final=false",
+    ]
+    losses = {}
+    for packing in ("on", "off"):
+        plan = make_plan(_llama(*common, f"data.packing={packing}"), "eager")
+        assert plan.data.store["tokens_kept"] == 6 * 1024 and plan.data.store["tokens_dropped"] == 0
+        assert plan.data.train_lengths == [128] * 48
+        summary = Trainer(plan, select_backend("eager"), tmp_path / packing).run()
+        assert summary.padding_fraction == 0.0
+        lines = (tmp_path / packing / "metrics.jsonl").read_text().splitlines()
+        losses[packing] = [r["loss"] for r in map(json.loads, lines) if "loss" in r]
+    assert len(losses["on"]) == 3 and losses["on"] == pytest.approx(losses["off"], rel=1e-5, abs=1e-6)
