@@ -12,7 +12,9 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from neurontrain.data.buckets import bucket_for, round_up
+import numpy as np
+
+from neurontrain.data.buckets import bucket_of_each, round_up
 from neurontrain.data.packing import Packing, pack_rows
 from neurontrain.errors import UsageError
 
@@ -84,11 +86,8 @@ class Batcher:
                 longest = max(self.lengths[i] for i in chunk)
                 batches.append(IndexBatch(round_up(longest, self.multiple), chunk))
         else:
-            groups: dict[int, list[int]] = {}
-            for i in order:
-                groups.setdefault(bucket_for(self.lengths[i], self.buckets), []).append(i)
-            for length in sorted(groups):
-                batches.extend(IndexBatch(length, chunk) for chunk in self._chunks(groups[length]))
+            for length, members in _grouped_by_bucket(self.lengths, order, self.buckets):
+                batches.extend(IndexBatch(length, chunk) for chunk in self._chunks(members))
             if self.shuffle:
                 rng.shuffle(batches)
         return batches
@@ -116,6 +115,16 @@ class Batcher:
                 break
             out.append(batch.length)
         return out
+
+
+def _grouped_by_bucket(lengths: Sequence[int], order: list[int], buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(bucket, the samples of `order` in it, in that order) for each used bucket, shortest first."""
+    ordered = np.asarray(order, dtype=np.int64)
+    each = bucket_of_each(np.asarray(lengths, dtype=np.int64)[ordered], buckets) if len(order) else ordered
+    grouped = ordered[np.argsort(each, kind="stable")]
+    used, starts = np.unique(each[np.argsort(each, kind="stable")], return_index=True)
+    ends = [*starts[1:].tolist(), len(order)]
+    return [(int(b), grouped[s:e].tolist()) for b, s, e in zip(used, starts.tolist(), ends, strict=True)]
 
 
 def fixed_batches(

@@ -197,3 +197,31 @@ def test_packed_collation_matches_the_plan_document_limit():
     out = plan.collator("train", 0)(batch)
     assert out["labels"].shape == (16, plan.packing.max_docs) and out["loss_items"] == len(batch.indices)
     assert torch.equal(out["document_ids"] > 0, out["input_ids"] != plan.data.pad_id)
+
+
+def _best_fit_by_definition(lengths, order, row_length, max_docs):
+    """Best-fit decreasing as pack_rows's docstring defines it, one sample and every row at a time."""
+    rows, left, reached = [], [], []
+    for t, i in enumerate(sorted(order, key=lambda i: -min(lengths[i], row_length))):
+        need = max(min(lengths[i], row_length), 1)
+        fits = [r for r, room in enumerate(left) if room >= need and (max_docs is None or len(rows[r]) < max_docs)]
+        if fits:
+            row = min(fits, key=lambda r: (left[r], -reached[r]))  # the fullest; of equals, the last to get there
+        else:
+            rows.append([]), left.append(row_length), reached.append(t)
+            row = len(rows) - 1
+        rows[row].append(i)
+        left[row] -= need
+        reached[row] = t
+    return [tuple(row) for row in rows]
+
+
+def test_pack_rows_places_runs_of_one_length_as_best_fit_places_each_sample():
+    for trial in range(200):
+        rng = random.Random(trial)
+        row_length = rng.choice([8, 16, 33, 128])
+        lengths = [rng.randint(0, row_length + 10) for _ in range(rng.randint(0, 200))]
+        order = rng.sample(range(len(lengths)), rng.randint(0, len(lengths)))
+        max_docs = rng.choice([None, 1, 2, 5])
+        expected = _best_fit_by_definition(lengths, order, row_length, max_docs)
+        assert pack_rows(lengths, order, Packing(row_length, max_docs)) == expected, trial
