@@ -163,6 +163,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path, uninterrup
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(out / "summary.json")
     assert summary["resumed_from_step"] in (10, 15)
+    assert summary["data"]["tokenized_documents"] == 0  # the uninterrupted run's tokenized store, mapped again
     _same_weights(out, uninterrupted)
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 20
