@@ -58,7 +58,10 @@ def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_a
     node = NodeCache.start(setup, plan)
     launch(topology, worker_argv)
     summary = read_summary(output_dir) if topology.node_rank == 0 else None
-    if node.finish(summary, cache_counters=False):
+    changed = node.finish(summary, cache_counters=False)
+    if summary is not None and plan.data.store.get("tokenized_documents"):
+        summary.data, changed = plan.data.store, True  # this process tokenized for the node; the workers mapped it
+    if changed:
         summary.write(output_dir)
     return summary
 
