@@ -101,6 +101,9 @@ class DataSpec(_Strict):
     shuffle: bool = True
     seed: int = 0
     service: DataServiceSpec = DataServiceSpec()
+    # true: data.path's JSON-lines shards (a directory, a glob, a file or s3://bucket/prefix) are read as a stream
+    # and packed on the fly into rows of data.max_length (data/streaming.py); nothing is held whole
+    streaming: bool = False
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -121,7 +124,50 @@ class DataSpec(_Strict):
                 raise ValueError("data.buckets must be strictly increasing")
             if self.buckets[-1] > self.max_length:
                 raise ValueError(f"largest bucket {self.buckets[-1]} exceeds data.max_length {self.max_length}")
+        if self.streaming:
+            self._check_streaming()
         return self
+
+    def _check_streaming(self) -> None:
+        """What a stream cannot honour: its rows are data.max_length long, its documents continue across rows,
+        its eval set is the stream's first data.eval_samples documents, and every worker reads it itself."""
+        given = self.model_fields_set
+        refusals = [
+            (
+                self.source != "json",
+                f"data.streaming reads JSON-lines shards: set data.source: json (got {self.source})",
+            ),
+            (
+                self.eval_split is not None,
+                "data.streaming holds out the stream's first data.eval_samples documents "
+                "for evaluation: leave data.eval_split unset",
+            ),
+            (
+                self.train_samples is not None,
+                "data.streaming reads the stream to its end: leave data.train_samples unset",
+            ),
+            (
+                self.buckets not in ("auto", "max"),
+                "data.streaming packs rows of data.max_length: leave data.buckets unset",
+            ),
+            (
+                "packing" in given and self.packing == "off",
+                "data.streaming packs rows: data.packing: off contradicts it",
+            ),
+            (
+                "overlong" in given and self.overlong != "split",
+                "data.streaming continues a long document in the next "
+                "row (no token is dropped): leave data.overlong unset",
+            ),
+            (self.max_docs_per_row is not None, "data.streaming: data.max_docs_per_row is for sequence classification"),
+            (
+                self.service.kind != "none",
+                "data.streaming: every training worker reads the stream itself; data.service.kind must be none",
+            ),
+        ]
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
 
 class OptimizerSpec(_Strict):
@@ -246,6 +292,8 @@ class Recipe(_Strict):
             raise ValueError("task sequence-classification needs data.label_field")
         if self.tokenizer.pretrained is None and self.tokenizer.word_level is None and self.model.pretrained is None:
             raise ValueError("a model built from model.config needs tokenizer.pretrained or tokenizer.word_level")
+        if self.data.streaming and self.task != "causal-lm":
+            raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.train.schedule.warmup_steps >= self.train.max_steps and self.train.schedule.warmup_steps > 0:
             raise ValueError("train.schedule.warmup_steps must be smaller than train.max_steps")
         return self
@@ -255,6 +303,7 @@ class Recipe(_Strict):
         added later are left out at their default, so older checkpoints and compile caches keep their hash."""
         unset_later = {"packing", "max_docs_per_row"} if self.data.packing == "off" else set()
         unset_later |= {"service"}  # where batches are made changes no batch
+        unset_later |= set() if self.data.streaming else {"streaming"}
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -283,7 +332,9 @@ class Recipe(_Strict):
     def data_fingerprint(self) -> str:
         """Hash of which samples a run trains and evaluates on (not how they are batched or bucketed)."""
         fields = {"source", "path", "name", "split", "eval_split", "text_field", "label_field", "train_samples"}
-        fields |= {"eval_samples", "max_length", "overlong", "shuffle", "seed"}
+        fields |= {"eval_samples", "max_length", "overlong", "shuffle", "seed"} | (
+            {"streaming"} if self.data.streaming else set()
+        )
         payload = self.data.model_dump(mode="json", include=fields)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

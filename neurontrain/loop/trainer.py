@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from neurontrain.backends import Backend
+from neurontrain.data.streaming import POSITION_KEY
 from neurontrain.loop import checkpoints, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
@@ -80,6 +81,7 @@ class Trainer:
         self.writes = self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
         self.start_step = self.position = 0  # position: batches of the batch order consumed so far
+        self.stream_position: dict | None = None  # data.streaming: where the stream continues after them
         self.last_eval: dict = {}
         self._restored: _Restored | None = None
         self._identified: set[tuple] = set()
@@ -164,6 +166,8 @@ class Trainer:
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
                 backend.seed_graph(graph_seed(recipe.train.seed, step, micro, self.dp.rank))
             real, n_items = batch.pop("real_tokens"), batch.pop("loss_items")
+            # the loader reads ahead of the step: a stream's position travels with the batch it follows
+            self.stream_position = batch.pop(POSITION_KEY, self.stream_position)
             length = batch["input_ids"].shape[1]
             self.log.count(real, batch["input_ids"].numel(), length)
             if n_items == 0 and self.dp.enabled:
@@ -272,6 +276,7 @@ class Trainer:
             "optimizer": self.strategy.state_dict(),
             "scheduler": self.strategy.scheduler.state_dict(),
             "data_position": self.position,
+            **({"stream_position": self.stream_position} if self.plan.stream is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any], checkpoint: Path | None = None) -> None:
@@ -281,7 +286,7 @@ class Trainer:
         needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files."""
         if "model" in state:  # else FSDP2's shards: the strategy loads them once it has sharded the model
             self.model.load_state_dict(state["model"])
-        self.position = int(state["data_position"])
+        self.position, self.stream_position = int(state["data_position"]), state.get("stream_position")
         self._restored = _Restored(state["optimizer"], state["scheduler"], checkpoint)
 
     def _checkpoint_meta(self, step: int) -> dict[str, Any]:
@@ -337,6 +342,8 @@ class Trainer:
         remaining = (recipe.train.max_steps - self.start_step) * recipe.train.grad_accum
         if self.batch_source is not None:
             stream = self.batch_source(self.position, remaining)
+        elif self.plan.stream is not None:
+            stream = self.plan.stream.batches(self.dp.rank, self.plan.world, self.stream_position, remaining)
         else:
             collate = self.plan.collator("train", self.dp.rank)
             stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))

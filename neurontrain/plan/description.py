@@ -10,7 +10,6 @@ from neurontrain.plan.planning import RunPlan
 def describe_plan(plan: RunPlan) -> dict:
     """What `run --dry-run` prints: the plan in numbers."""
     r = plan.recipe
-    lengths = plan.data.train_lengths
     world = plan.world
     return {
         "recipe": r.name,
@@ -28,15 +27,7 @@ def describe_plan(plan: RunPlan) -> dict:
                 "packs": plan.dims.inputs.unpackable or True,
             },
         },
-        "data": {
-            "source": r.data.source,
-            "train_samples": len(lengths),
-            "eval_samples": len(plan.data.eval_ids),
-            "tokens_min": min(lengths),
-            "tokens_median": statistics.median(lengths),
-            "tokens_max": max(lengths),
-            "truncated": plan.data.truncated,
-        },
+        "data": _data(plan),
         "buckets": {
             "mode": plan.bucket_mode,
             "lengths": plan.buckets,
@@ -44,7 +35,7 @@ def describe_plan(plan: RunPlan) -> dict:
             "estimate": plan.auto_estimate,
         },
         "packing": plan.packing_summary,
-        "batches_per_epoch": plan.batcher.batches_per_epoch(),
+        "batches_per_epoch": plan.batcher.batches_per_epoch() if plan.batcher is not None else None,
         "steps": r.train.max_steps,
         "world_size": world * plan.tp,
         "tensor_parallel": plan.tp,
@@ -58,6 +49,30 @@ def describe_plan(plan: RunPlan) -> dict:
         "compile_cache": r.runtime.compile_cache,
         "memory": plan.memory.describe() if plan.memory is not None else None,
         "notes": plan.notes,
+    }
+
+
+def _data(plan: RunPlan) -> dict:
+    r, stream = plan.recipe, plan.stream
+    if stream is not None:  # read as the run goes: no lengths, no epoch size
+        return {
+            "source": r.data.source,
+            "streaming": True,
+            "path": r.data.path,
+            "shards": len(stream.shards),
+            "row_length": stream.row_length,
+            "eval_samples": r.data.eval_samples,
+            "eval_rows": sum(len(b.units) for b in plan.eval_batches),
+        }
+    lengths = plan.data.train_lengths
+    return {
+        "source": r.data.source,
+        "train_samples": len(lengths),
+        "eval_samples": len(plan.data.eval_ids),
+        "tokens_min": min(lengths),
+        "tokens_median": statistics.median(lengths),
+        "tokens_max": max(lengths),
+        "truncated": plan.data.truncated,
     }
 
 

@@ -17,6 +17,8 @@ from neurontrain.data.packing import Packing
 from neurontrain.data.service import Collation
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
+from neurontrain.data.stream_source import Stream, open_stream, stream_note
+from neurontrain.data.streaming import eval_batches as stream_eval_batches
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
@@ -41,7 +43,7 @@ class RunPlan:
     dims: ModelDims
     buckets: list[int] | None  # None: dynamic padding
     bucket_mode: str
-    batcher: Batcher  # global batches: data.batch_size x world rows each
+    batcher: Batcher | None  # global batches: data.batch_size x world rows each; None: `stream` makes them
     eval_batches: list[IndexBatch]
     train_lengths_used: list[int]
     auto_estimate: dict | None = None
@@ -53,9 +55,12 @@ class RunPlan:
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
     packing: Packing | None = None  # set: batches are packed rows (bucket mode "packed")
     packing_summary: dict | None = None  # packed against unpacked, as `run --dry-run` shows it
+    stream: Stream | None = None  # data.streaming: the training rows are read and packed as the run goes
 
     def __post_init__(self) -> None:
-        samples = self.data.train_samples
+        if (self.stream is None) == (self.batcher is None):
+            raise ValueError("a run plan has either a batch order or a stream")
+        samples = self.data.train_samples if self.stream is None else self.world
         if self.backend not in BACKENDS:
             raise UsageError(f"run plan: unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
         if self.world < 1:
@@ -75,7 +80,7 @@ class RunPlan:
             raise UsageError(f"run plan: buckets {self.buckets} must be positive and strictly increasing")
         if not self.train_lengths_used:
             raise UsageError("run plan: no training batch (the data yields none)")
-        if self.batcher.batch_size != self.recipe.data.batch_size * self.world:
+        if self.batcher is not None and self.batcher.batch_size != self.recipe.data.batch_size * self.world:
             raise UsageError(
                 f"run plan: batches of {self.batcher.batch_size} rows are not data.batch_size "
                 f"{self.recipe.data.batch_size} x {self.world} workers"
@@ -85,6 +90,8 @@ class RunPlan:
         """Worker `rank`'s collation of the global train or eval batches."""
         data, spec = self.data, self.recipe.data
         if split == "train":
+            if self.stream is not None:
+                raise ValueError("a streaming plan's training batches are collated by its stream")
             if data.train_ids is None:
                 raise ValueError("this plan holds the training lengths only: its batches come from the data service")
             ids, labels, size = data.train_ids, data.train_labels, spec.batch_size
@@ -140,10 +147,14 @@ class RunPlan:
 
     def _planned_train_batches(self) -> list[IndexBatch]:
         steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
+        assert self.batcher is not None
         return list(itertools.islice(self.batcher.iterate(0), steps))
 
     def padding_fraction(self) -> float:
-        """Padded share of the token slots of the planned training batches."""
+        """Padded share of the token slots of the planned training batches (a stream fills every row)."""
+        if self.stream is not None:
+            return 0.0
+        assert self.batcher is not None
         total = real = 0
         lengths = self.batcher.lengths
         for batch in self._planned_train_batches():
@@ -152,7 +163,10 @@ class RunPlan:
         return 1.0 - real / total if total else 0.0
 
     def samples_trained(self) -> int:
-        """Training samples in the planned training batches (over all workers; a packed row holds several)."""
+        """Training samples in the planned training batches (over all workers; a packed row holds several). A
+        stream's samples are its rows, as Hugging Face's run_clm counts its blocks of grouped text."""
+        if self.stream is not None:
+            return self.recipe.train.max_steps * self.recipe.train.grad_accum * self.recipe.data.batch_size * self.world
         return sum(len(batch.indices) for batch in self._planned_train_batches())
 
 
@@ -253,6 +267,8 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
     tp = _tp_pinned(recipe, world)
     _check_backend(recipe, backend, world, tp)
+    if recipe.data.streaming:
+        return _stream_plan(recipe, backend, world, tp)
     data = data or prepare_data(recipe)
     config = build_config(recipe, data.tokenizer)
     dims = model_dims(recipe, config)
@@ -302,4 +318,47 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,
+    )
+
+
+def _stream_plan(recipe: Recipe, backend: str, world: int, tp: int) -> RunPlan:
+    """data.streaming: rows of data.max_length, one train graph; no batch order (the stream is read as the run
+    goes), the eval set the stream's first documents."""
+    opened = open_stream(recipe)
+    config = build_config(recipe, opened.tokenizer)
+    dims = model_dims(recipe, config)
+    length, notes = recipe.data.max_length, [stream_note(opened.stream)]
+    memory = plan_recipe_memory(with_world(recipe, world // tp), config, backend, world, length)
+    if memory.enforced and not memory.fits:
+        log.info(memory.table())
+        memory.check()
+    tp = memory.choice.config.tp
+    run_recipe = with_memory_choice(with_world(recipe, world // tp), memory)
+    spec = run_recipe.data
+    pieces, eval_batches = stream_eval_batches(
+        opened.eval_rows, (spec.eval_batch_size or spec.batch_size) * world // tp, length
+    )
+    data = PreparedData(opened.tokenizer, opened.stream.pad_id, None, None, pieces, None, 0, known_train_lengths=[])
+    if tp > 1:
+        run_recipe = _tensor_parallel_recipe(run_recipe, config, tp, notes)
+    steps = run_recipe.train.max_steps * run_recipe.train.grad_accum
+    return RunPlan(
+        recipe=run_recipe,
+        backend=backend,
+        data=data,
+        config=config,
+        dims=dims,
+        buckets=[length],
+        bucket_mode="packed",
+        batcher=None,
+        eval_batches=eval_batches,
+        train_lengths_used=[length] * steps,
+        notes=notes,
+        world=world // tp,
+        tp=tp,
+        host_reduce=world // tp > 1 and reduces_on_host(backend),
+        fsdp=run_recipe.parallel.fsdp and world > 1,
+        memory=memory,
+        packing=Packing(length),
+        stream=opened.stream,
     )
