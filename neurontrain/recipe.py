@@ -283,6 +283,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
+        if self.data.streaming and self.task != "causal-lm":
+            raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.task == "sequence-classification" and self.data.overlong == "split":
             raise ValueError(
                 "data.overlong: split makes several samples of one document, which a sequence label cannot follow "
@@ -292,8 +294,6 @@ class Recipe(_Strict):
             raise ValueError("task sequence-classification needs data.label_field")
         if self.tokenizer.pretrained is None and self.tokenizer.word_level is None and self.model.pretrained is None:
             raise ValueError("a model built from model.config needs tokenizer.pretrained or tokenizer.word_level")
-        if self.data.streaming and self.task != "causal-lm":
-            raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.train.schedule.warmup_steps >= self.train.max_steps and self.train.schedule.warmup_steps > 0:
             raise ValueError("train.schedule.warmup_steps must be smaller than train.max_steps")
         return self

@@ -360,5 +360,6 @@ def _stream_plan(recipe: Recipe, backend: str, world: int, tp: int) -> RunPlan:
         fsdp=run_recipe.parallel.fsdp and world > 1,
         memory=memory,
         packing=Packing(length),
+        packing_summary={"mode": "streaming", "row_length": length, "chosen": True, "padding_fraction": 0.0},
         stream=opened.stream,
     )
