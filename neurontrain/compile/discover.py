@@ -8,7 +8,6 @@ loop's set-up sync; the pending graph's HLO is recorded and then dropped unexecu
 from __future__ import annotations
 
 import copy
-import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +17,6 @@ import torch
 from neurontrain.backends import Backend, package_versions
 from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.manifest import GraphRecord, Manifest, plan_id
-from neurontrain.data.batching import IndexBatch
-from neurontrain.data.collate import Collator
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
@@ -39,14 +36,6 @@ def run_plan_id(plan: RunPlan, backend: str) -> str:
     return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 
-def _first_train_batch(plan: RunPlan, length: int) -> IndexBatch:
-    steps_total = plan.recipe.train.max_steps * plan.recipe.train.grad_accum
-    for batch in itertools.islice(plan.batcher.iterate(0), steps_total):
-        if batch.length == length:
-            return batch
-    raise ValueError(f"no planned training batch of length {length}")
-
-
 class _Tracer:
     def __init__(self, plan: RunPlan, backend: Backend) -> None:
         self.plan, self.backend, self.recipe = plan, backend, plan.recipe
@@ -58,7 +47,7 @@ class _Tracer:
         self.cpu_scheduler_state = build_scheduler(self.recipe, cpu_optimizer).state_dict()
         self.cpu_model.zero_grad(set_to_none=True)
         # worker 0's rows of each global batch: every worker's batch has the same shape
-        self.collate, self.eval_collate = plan.collator("train", 0), plan.collator("eval", 0)
+        self.eval_collate = plan.collator("eval", 0)
 
     def _fresh(self, set_up: bool) -> tuple[torch.nn.Module, Strategy]:
         """Model and optimizer (worker 0's, as the loop builds it) on the device. set_up: state as after the
@@ -71,8 +60,7 @@ class _Tracer:
                 param.grad = torch.zeros(param.shape, dtype=param.dtype).to(self.device)
         return model, strategy
 
-    def _batch(self, collate: Collator, planned: IndexBatch) -> tuple[dict, dict]:
-        batch = collate(planned)
+    def _batch(self, batch: dict) -> tuple[dict, dict]:
         batch.pop("real_tokens")
         batch.pop("loss_items")
         shapes = {k: list(v.shape) for k, v in batch.items()}
@@ -87,14 +75,14 @@ class _Tracer:
         model, strategy = self._fresh(set_up=True)
         if kind == "eval":
             planned = next(b for b in self.plan.eval_batches if b.length == key[1])
-            batch, shapes = self._batch(self.eval_collate, planned)
+            batch, shapes = self._batch(self.eval_collate(planned))
             model.eval()
             with torch.no_grad():
                 return [steps.eval_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)], shapes
         if kind == "optimizer":
             strategy.device_step()
             return strategy.state_tensors(model), {}
-        batch, shapes = self._batch(self.collate, _first_train_batch(self.plan, key[1]))
+        batch, shapes = self._batch(self.plan.first_train_batch(0, key[1]))
         loss = steps.micro_step(model, batch, self.recipe, self.plan.dims, self.backend.autocast)
         if kind == "train":
             strategy.device_step()

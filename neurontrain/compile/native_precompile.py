@@ -10,7 +10,6 @@ recipe's precision. AdamW, the schedule and clipping run eagerly on native: no g
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +28,6 @@ from neurontrain.compile.native_cache import (
     write_entry,
 )
 from neurontrain.compile.neff_cache import archive_neffs, point_neff_cache
-from neurontrain.data.batching import IndexBatch
 from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.loop import steps
 from neurontrain.loop.dataparallel import DataParallel
@@ -70,22 +68,13 @@ class NativePrecompileReport:
         return {**asdict(self), "seconds": round(self.seconds, 3)}
 
 
-def _first_batch(plan: RunPlan, length: int) -> IndexBatch:
-    total = plan.recipe.train.max_steps * plan.recipe.train.grad_accum
-    for batch in itertools.islice(plan.batcher.iterate(0), total):
-        if batch.length == length:
-            return batch
-    raise ValueError(f"no planned training batch of length {length}")
-
-
 def _run_key(plan: RunPlan, backend: Backend, model: torch.nn.Module, key: tuple) -> dict:
     """Run one planned key's step once (compiling its graph); returns its batch shapes."""
     recipe, kind, length = plan.recipe, key[0], key[1]
     if kind == "eval":
-        planned, collate = next(b for b in plan.eval_batches if b.length == length), plan.collator("eval", 0)
+        batch = plan.collator("eval", 0)(next(b for b in plan.eval_batches if b.length == length))
     else:
-        planned, collate = _first_batch(plan, length), plan.collator("train", 0)
-    batch = collate(planned)
+        batch = plan.first_train_batch(0, length)
     batch.pop("real_tokens")
     batch.pop("loss_items")
     batch = {k: v.to(backend.device) for k, v in batch.items()}

@@ -18,6 +18,7 @@ from neurontrain.data.service import Collation
 from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.data.stream_source import Stream, open_stream, stream_note
+from neurontrain.data.streaming import POSITION_KEY
 from neurontrain.data.streaming import eval_batches as stream_eval_batches
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
@@ -99,6 +100,18 @@ class RunPlan:
             ids, labels, size = data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size
         max_docs = self.packing.max_docs if self.packing is not None else None
         return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs)
+
+    def first_train_batch(self, rank: int, length: int) -> dict:
+        """Worker `rank`'s collated first planned training batch of `length` (graph discovery traces it)."""
+        if self.stream is not None:
+            batch = next(self.stream.batches(rank, self.world, None, 1))
+            batch.pop(POSITION_KEY)
+            return batch
+        assert self.batcher is not None
+        for planned in itertools.islice(self.batcher.iterate(0), len(self.train_lengths_used)):
+            if planned.length == length:
+                return self.collator("train", rank)(planned)
+        raise ValueError(f"no planned training batch of length {length}")
 
     def collation(self, rank: int) -> Collation:
         """Worker `rank`'s collation of the training batches, for a data service that holds the ids."""
