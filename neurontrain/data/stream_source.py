@@ -84,11 +84,13 @@ def _chunks(shard: str, start: int) -> Iterator[bytes]:
             fh.seek(start)
             yield from iter(functools.partial(fh.read, 1 << 20), b"")
         return
+    from botocore.exceptions import ClientError  # lazy: with boto3
+
     bucket, key = _s3_parts(shard)
-    client = _s3_client()
     try:
-        body = client.get_object(Bucket=bucket, Key=key, **({"Range": f"bytes={start}-"} if start else {}))["Body"]
-    except client.exceptions.ClientError as exc:
+        ranged = {"Range": f"bytes={start}-"} if start else {}
+        body = _s3_client().get_object(Bucket=bucket, Key=key, **ranged)["Body"]
+    except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # the position is the shard's end
             return
         raise NeurontrainError(f"cannot read shard {shard}: {first_line(exc)}") from None
@@ -180,8 +182,8 @@ class Stream:
             epoch, first = epoch + 1, False
 
     def _shard_documents(self, shard: str, at: StreamPosition) -> Iterator[Document]:
-        lines = (line for line in texts(shard, self.text_field, at.byte, at.record))
-        kept = (line for line in lines if not held_out(StreamPosition(record=line[0]), shard, self.holdout))
+        lines = texts(shard, self.text_field, at.byte, at.record)
+        kept = (line for line in lines if not held_out(line[0], shard, self.holdout))
         offset = at.offset
         while chunk := list(itertools.islice(kept, CHUNK)):
             for (record, byte, following, _), ids in zip(chunk, self.tokenize([c[3] for c in chunk]), strict=True):

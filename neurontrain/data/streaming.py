@@ -123,9 +123,9 @@ def global_batches(rows: Iterable[Row], rows_per_batch: int, row_length: int) ->
             chunk = []
 
 
-def held_out(at: StreamPosition, shard_name: str, holdout: dict[str, int]) -> bool:
-    """Whether the record at `at` of `shard_name` is one of the eval documents (its shard's first lines)."""
-    return at.record < holdout.get(shard_name, 0)
+def held_out(record: int, shard_name: str, holdout: dict[str, int]) -> bool:
+    """Whether line `record` of `shard_name` is one of the eval documents (its shard's first lines)."""
+    return record < holdout.get(shard_name, 0)
 
 
 def eval_batches(rows: Sequence[Row], rows_per_batch: int, row_length: int) -> tuple[list[Sequence[int]], list]:

@@ -13,6 +13,8 @@ from conftest import RECIPES, REPO, read_json, read_metrics, run_cli
 from safetensors.torch import load_file
 from stream_shards import write_shards
 
+from neurontrain.data.stream_source import list_shards, read_lines
+
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY = 10, 4
@@ -55,11 +57,25 @@ def _args(path: str, out: Path) -> list[str]:
     ]
 
 
+def _s3_reads_as_local(prefix: str, paths: list[Path]) -> None:
+    """The prefix's shards, read from any line's byte offset (a ranged GET) or from their end, as the files."""
+    shards = list_shards(prefix)
+    assert shards == [f"{prefix}{p.name}" for p in paths]  # README.txt is not a shard
+    for remote, local in zip(shards, paths, strict=True):
+        lines = list(read_lines(str(local)))
+        assert list(read_lines(remote)) == lines
+        record, byte, _, _ = lines[len(lines) // 2]
+        assert list(read_lines(remote, byte, record)) == lines[record:]
+        assert list(read_lines(remote, local.stat().st_size, len(lines))) == []
+
+
 def test_streaming_run_killed_and_resumed_on_s3_matches_the_uninterrupted_local_run(tmp_path: Path, s3_bucket):
     bucket, client = s3_bucket
-    for shard in write_shards(tmp_path / "shards", shards=3, per_shard=40):
+    paths = write_shards(tmp_path / "shards", shards=3, per_shard=40)
+    for shard in paths:
         client.upload_file(str(shard), bucket, f"corpus/{shard.name}")
     client.put_object(Bucket=bucket, Key="corpus/README.txt", Body=b"not a shard")
+    _s3_reads_as_local(f"s3://{bucket}/corpus/", paths)
     local, remote = tmp_path / "local", tmp_path / "s3"
     result = run_cli(*_args(str(tmp_path / "shards"), local))
     assert result.returncode == 0, result.stderr[-3000:]
