@@ -133,41 +133,18 @@ class DataSpec(_Strict):
         its eval set is the stream's first data.eval_samples documents, and every worker reads it itself."""
         given = self.model_fields_set
         refusals = [
-            (
-                self.source != "json",
-                f"data.streaming reads JSON-lines shards: set data.source: json (got {self.source})",
-            ),
-            (
-                self.eval_split is not None,
-                "data.streaming holds out the stream's first data.eval_samples documents "
-                "for evaluation: leave data.eval_split unset",
-            ),
-            (
-                self.train_samples is not None,
-                "data.streaming reads the stream to its end: leave data.train_samples unset",
-            ),
-            (
-                self.buckets not in ("auto", "max"),
-                "data.streaming packs rows of data.max_length: leave data.buckets unset",
-            ),
-            (
-                "packing" in given and self.packing == "off",
-                "data.streaming packs rows: data.packing: off contradicts it",
-            ),
-            (
-                "overlong" in given and self.overlong != "split",
-                "data.streaming continues a long document in the next "
-                "row (no token is dropped): leave data.overlong unset",
-            ),
-            (self.max_docs_per_row is not None, "data.streaming: data.max_docs_per_row is for sequence classification"),
-            (
-                self.service.kind != "none",
-                "data.streaming: every training worker reads the stream itself; data.service.kind must be none",
-            ),
+            (self.source != "json", f"reads JSON-lines shards: set data.source: json (got {self.source})"),
+            (self.eval_split is not None, "evaluates its first documents: leave data.eval_split unset"),
+            (self.train_samples is not None, "reads the stream to its end: leave data.train_samples unset"),
+            (self.buckets not in ("auto", "max"), "packs rows of data.max_length: leave data.buckets unset"),
+            ("packing" in given and self.packing == "off", "packs rows: data.packing: off contradicts it"),
+            ("overlong" in given and self.overlong != "split", "cuts no document: leave data.overlong unset"),
+            (self.max_docs_per_row is not None, "packs causal-LM rows: leave data.max_docs_per_row unset"),
+            (self.service.kind != "none", "is read by every worker itself: data.service.kind must be none"),
         ]
         for refused, message in refusals:
             if refused:
-                raise ValueError(message)
+                raise ValueError(f"data.streaming {message}")
 
 
 class OptimizerSpec(_Strict):

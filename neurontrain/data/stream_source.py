@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 from neurontrain.data.collate import Collator
-from neurontrain.data.sources import build_tokenizer
 from neurontrain.data.streaming import (
     POSITION_KEY,
     Document,
@@ -30,6 +29,7 @@ from neurontrain.data.streaming import (
     pack_rows,
     shard_order,
 )
+from neurontrain.data.tokenizers import build_tokenizer, encoder_for
 from neurontrain.errors import NeurontrainError, UsageError, first_line
 from neurontrain.recipe import Recipe
 
@@ -227,7 +227,7 @@ def open_stream(recipe: Recipe) -> StreamData:
     stream = Stream(
         shards,
         data.text_field,
-        functools.partial(_encode, tokenizer),
+        encoder_for(tokenizer),
         int(tokenizer.pad_token_id),
         data.max_length,
         data.seed,
@@ -237,10 +237,6 @@ def open_stream(recipe: Recipe) -> StreamData:
     )
     docs = [Document(StreamPosition(record=i), i + 1, ids) for i, ids in enumerate(stream.tokenize(head.eval_texts))]
     return StreamData(stream, tokenizer, list(pack_rows(docs, data.max_length, partial_last=True)))
-
-
-def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    return tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"] if texts else []
 
 
 def stream_note(stream: Stream) -> str:

@@ -20,6 +20,7 @@ from neurontrain.data.sources import PreparedData, prepare_data
 from neurontrain.data.stream_source import Stream, open_stream, stream_note
 from neurontrain.data.streaming import POSITION_KEY
 from neurontrain.data.streaming import eval_batches as stream_eval_batches
+from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
@@ -351,7 +352,9 @@ def _stream_plan(recipe: Recipe, backend: str, world: int, tp: int) -> RunPlan:
     pieces, eval_batches = stream_eval_batches(
         opened.eval_rows, (spec.eval_batch_size or spec.batch_size) * world // tp, length
     )
-    data = PreparedData(opened.tokenizer, opened.stream.pad_id, None, None, pieces, None, 0, known_train_lengths=[])
+    store = {"streaming": True, "shards": len(opened.stream.shards)}  # nothing tokenized ahead, nothing stored
+    eval_ids = TokenSeqs.from_lists(pieces)
+    data = PreparedData(opened.tokenizer, opened.stream.pad_id, None, None, eval_ids, None, 0, [], store)
     if tp > 1:
         run_recipe = _tensor_parallel_recipe(run_recipe, config, tp, notes)
     steps = run_recipe.train.max_steps * run_recipe.train.grad_accum

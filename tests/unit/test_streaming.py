@@ -112,11 +112,11 @@ def _recipe(path: Path, *overrides: str):
     [
         ("data.source=csv", "data.streaming reads JSON-lines shards: set data.source: json (got csv)"),
         ("data.buckets=[16, 32]", "data.streaming packs rows of data.max_length: leave data.buckets unset"),
-        ("data.packing=off", "data.packing: off contradicts it"),
-        ("data.overlong=truncate", "leave data.overlong unset"),
-        ("data.eval_split=test", "leave data.eval_split unset"),
-        ("data.train_samples=10", "leave data.train_samples unset"),
-        ("data.service.kind=ray", "data.service.kind must be none"),
+        ("data.packing=off", "data.streaming packs rows: data.packing: off contradicts it"),
+        ("data.overlong=truncate", "data.streaming cuts no document: leave data.overlong unset"),
+        ("data.eval_split=test", "data.streaming evaluates its first documents: leave data.eval_split unset"),
+        ("data.train_samples=10", "data.streaming reads the stream to its end: leave data.train_samples unset"),
+        ("data.service.kind=ray", "data.streaming is read by every worker itself: data.service.kind must be none"),
         ("task=sequence-classification", "task sequence-classification does not stream"),
     ],
 )
