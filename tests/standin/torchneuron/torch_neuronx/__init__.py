@@ -5,7 +5,8 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
 - the `neuron` process-group backend refuses a process whose Neuron runtime is already initialised, and sets
   NEURON_RT_VISIBLE_CORES from LOCAL_RANK (and NEURON_RT_ROOT_COMM_ID) before the runtime starts: the first use of
   the device initialises the runtime, which without NEURON_RT_VISIBLE_CORES takes every core of the host;
-- `torch.compile(backend="neuron")` rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
+- `torch.compile(backend="neuron")` goes through AOTAutograd (TorchDynamo -> AOT Autograd -> the Neuron compiler,
+  one NEFF per forward, backward or inference module), rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
   a graph found there is loaded instead of compiled; each NEFF is registered with torch.compiler's cache artifacts
   (save_cache_artifacts carries it, load_cache_artifacts writes it back into the directory);
@@ -28,6 +29,8 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from . import _device, _process_group
@@ -119,16 +122,10 @@ class _NeffArtifact(CacheArtifact):
         return "neuron_neff"
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs: list):
-    """The `neuron` torch.compile backend: static shapes only; a graph's NEFF is looked up in the cache directory
-    first, compiled (written) when absent, and recorded for save_cache_artifacts. The graph then runs as traced,
-    op by op (on the stand-in's host memory when the device is loaded)."""
-    symbolic = [x for x in example_inputs if isinstance(x, torch.SymInt)]
-    symbolic += [x for x in example_inputs if isinstance(x, torch.Tensor) and any(
-        isinstance(s, torch.SymInt) for s in x.shape)]  # fmt: skip
-    if symbolic:
-        _log("refused dynamic")
-        raise RuntimeError("TorchNeuron stand-in: dynamic=True is rejected (dynamic shapes are not supported)")
+def _neff_module(gm: torch.fx.GraphModule, example_inputs: list):
+    """One module AOTAutograd hands the backend (a forward, a backward or an inference graph): its NEFF is looked
+    up in the cache directory first, compiled (written) when absent, and recorded for save_cache_artifacts. The
+    module then runs as traced, op by op (on the stand-in's host memory when the device is loaded)."""
     shapes = [list(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
     key = hashlib.sha256((gm.code + json.dumps(shapes)).encode()).hexdigest()[:20]
     path = _neff_path(key)
@@ -141,7 +138,22 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list):
         _log("neff compiled", key=key)
     with open(path, "rb") as fh:
         CacheArtifactManager.record_artifact(_NeffArtifact.type(), key, fh.read())
-    return gm.forward
+    return make_boxed_func(gm.forward)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: list):
+    """The `neuron` torch.compile backend: static shapes only; TorchDynamo's graph goes through AOTAutograd, which
+    hands its forward and backward (or inference) modules to the Neuron compiler one by one (_neff_module)."""
+    symbolic = [x for x in example_inputs if isinstance(x, torch.SymInt)]
+    symbolic += [x for x in example_inputs if isinstance(x, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in x.shape)]  # fmt: skip
+    if symbolic:
+        _log("refused dynamic")
+        raise RuntimeError("TorchNeuron stand-in: dynamic=True is rejected (dynamic shapes are not supported)")
+    return _AOT(gm, example_inputs)
+
+
+_AOT = aot_autograd(fw_compiler=_neff_module, bw_compiler=_neff_module)
 
 
 def _first_use(why: str) -> None:
