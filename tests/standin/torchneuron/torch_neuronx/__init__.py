@@ -6,7 +6,8 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
   NEURON_RT_VISIBLE_CORES from LOCAL_RANK (and NEURON_RT_ROOT_COMM_ID) before the runtime starts: the first use of
   the device initialises the runtime, which without NEURON_RT_VISIBLE_CORES takes every core of the host;
 - `torch.compile(backend="neuron")` goes through AOTAutograd (TorchDynamo -> AOT Autograd -> the Neuron compiler,
-  one NEFF per forward, backward or inference module), rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
+  one NEFF per forward, backward or inference module), rejects dynamic=True and keeps what it compiles in
+  TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
   a graph found there is loaded instead of compiled; each NEFF is registered with torch.compiler's cache artifacts
   (save_cache_artifacts carries it, load_cache_artifacts writes it back into the directory);
