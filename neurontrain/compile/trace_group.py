@@ -28,6 +28,7 @@ def _done(result):
 
 
 def _create(store, rank: int, size: int, timeout):  # torch.distributed's backend API
+    import torch
     import torch.distributed as dist  # lazy: only a multi-worker precompile needs it
 
     class WithoutPeers(dist.ProcessGroup):
@@ -60,7 +61,12 @@ def _create(store, rank: int, size: int, timeout):  # torch.distributed's backen
         def barrier(self, opts=None):
             return _done(None)
 
-    return WithoutPeers(rank, size)
+    from torch._C._distributed_c10d import FakeProcessGroup  # lazy: see above
+
+    group = WithoutPeers(rank, size)
+    # a group's name (DeviceMesh and FSDP2 read it) lives on its backends: PyTorch's peerless one for the host
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, FakeProcessGroup(rank, size))
+    return group
 
 
 def join_as(rank: int, world: int, device_type: str) -> None:

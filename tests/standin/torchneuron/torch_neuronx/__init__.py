@@ -22,6 +22,7 @@ Every event goes as one JSON line to $TORCHNEURON_STANDIN_LOG (when set), for th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,8 +71,52 @@ def _initialise_runtime(why: str) -> list[int]:
     return _state["runtime_cores"]
 
 
+class _Stream:
+    """The stand-in's device runs every operation when it is called (host memory), so its streams and events are
+    always in order: waiting on one returns at once. FSDP2 asks the device module for them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event if event is not None else _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Event:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+_STREAM = _Stream()
+
+
 def _device_module() -> types.ModuleType:
     module = types.ModuleType("torch.neuron")
+    module.Stream, module.Event = _Stream, _Event
+    module.current_stream = lambda device=None: _STREAM
+    module.stream = lambda stream: contextlib.nullcontext()
+    module.synchronize = lambda device=None: None
     module.is_available = lambda: True
     module.device_count = lambda: len(_initialise_runtime("device_count"))
     module.current_device = lambda: 0
