@@ -237,6 +237,28 @@ def single_summary(node: NodeEntry, use: NativeCacheUse) -> dict:
     return out
 
 
+def recipe_entries(local: Path, remote: Mapping[str, float], recipe: str) -> list[dict]:
+    """Every native entry of the recipe, local or in the store (other layouts, devices, versions), with the workers
+    and device its entry.json records where it is local."""
+    prefix = f"{NATIVE_DIR}/{recipe}-"
+    names = {f"{NATIVE_DIR}/{d.name}" for d in (local / NATIVE_DIR).glob(f"{recipe}-*") if d.is_dir()}
+    names |= {p for p in remote if p.startswith(prefix)}
+    out = []
+    for name in sorted(names):
+        meta_file = local / name / META
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        out.append(
+            {
+                "entry": name,
+                "workers": meta.get("workers", 1 if meta else None),
+                "device": meta.get("device", "?"),
+                "local": (local / name).is_dir(),
+                "remote": name in remote,
+            }
+        )
+    return out
+
+
 def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) -> dict:
     """`cache status` on native: the plan's artifacts entry, locally (checked against its record) and remotely."""
     path = native_entry_path(plan, device_type, compiler)
@@ -254,6 +276,7 @@ def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) 
     }
     if out["local"] and (location / META).is_file():
         out["entry_graphs"] = json.loads((location / META).read_text()).get("graphs", [])
+    out["recipe_entries"] = recipe_entries(cache.local, remote, plan.recipe.name)
     if not out["local"] and not out["remote"]:
         out["note"] = "no artifacts for this plan: run `neurontrain precompile --backend native` with the same recipe"
     return out

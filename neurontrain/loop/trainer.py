@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from neurontrain.backends import Backend
-from neurontrain.loop import checkpoints, steps
+from neurontrain.loop import checkpoints, rank_check, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
@@ -131,6 +131,7 @@ class Trainer:
             compile_seconds=backend.compile_seconds,
             compiles_new_keys=self.plan.backend == "native",
         )
+        self.ranks = rank_check.for_run(self.plan, self.dp, self.start_step)
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
         # Saved optimizer state replaces the fresh state after the set-up sync, as device data: the set-up graph
@@ -159,6 +160,7 @@ class Trainer:
         length = items = 0
         accum, strategy = recipe.train.grad_accum, self.strategy
         batches = [next(self.batches) for _ in range(accum)]
+        self.ranks.before_train(step, [list(b["input_ids"].shape) for b in batches])
         scale = strategy.loss_scale(sum(batch["loss_items"] for batch in batches))
         for micro, batch in enumerate(batches):
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
@@ -255,6 +257,7 @@ class Trainer:
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
             device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),
+            rank_checks=self.ranks.counts() if self.dp.enabled else None,
             **report_fields(self.recipe, self.plan, self.guard.timeline, self.dp, self.log.buckets),
         )
         if self.writes:
@@ -322,7 +325,10 @@ class Trainer:
             self._identified.add(key)
             graph = self.graph_identifier(tensors())
         self.backend.sync()
-        self.guard.after_sync(key, step, shapes, graph=graph)
+        try:
+            self.guard.after_sync(key, step, shapes, graph=graph)
+        finally:  # a worker alone with an unexpected graph is named here, before the guard's own verdict
+            self.ranks.after_unexpected(self.guard.last_unexpected, self.guard.last_seconds)
 
     def _compilations(self) -> int:
         """Graphs compiled since set-up began."""
@@ -368,7 +374,8 @@ class Trainer:
         self.model.eval()
         loader = backend.wrap_loader((collate(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
         with torch.no_grad():
-            for batch in loader:
+            for index, batch in enumerate(loader):
+                self.ranks.before_eval(index, list(batch["input_ids"].shape), self.plan.eval_batches[index].length)
                 batch.pop("real_tokens")
                 if batch.pop("loss_items") == 0 and self.dp.enabled:
                     continue  # this worker's share of a partial batch is empty
@@ -377,6 +384,7 @@ class Trainer:
                 shapes = {"input_ids": list(batch["input_ids"].shape)}
                 self._sync(("eval", batch["input_ids"].shape[1]), step, lambda: [stats], shapes)  # noqa: B023
         self.model.train()
+        self.ranks.eval_done()
         loss_sum, counted, correct = self.dp.all_reduce_host(totals).tolist()
         out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
         if self.recipe.task == "sequence-classification":
