@@ -214,13 +214,15 @@ def test_two_workers_on_a_fresh_node_load_every_module_from_the_shared_cache(sha
     assert [summary[k] for k in losses] == [cold[k] for k in losses]  # the same graphs, loaded instead of compiled
 
 
-def test_cache_status_lists_the_native_entries_of_every_layout(shared, capsys, monkeypatch):
+def test_cache_status_lists_the_native_entries_of_every_layout(shared, s3_server, capsys, monkeypatch):
     monkeypatch.setenv("USE_TORCH_XLA", "1")  # selecting native sets it to 0 for transformers: keep that here
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
     local = str(shared["root"] / "ddp-node-a")
     args = ["cache", "status", RECIPE, "--backend", "native", "--nproc-per-node", "2", "--cache", shared["url"]]
-    code, out, _ = cli_in_process(capsys, *args, "--local", local, *SETS)
+    code, out, err = cli_in_process(capsys, *args, "--local", local, *SETS)
     listed = [line for line in out.splitlines() if line.startswith("  native entry")]
-    assert code == 0 and len(listed) == 2, out
+    assert code == 0 and len(listed) == 2, out + err
     assert sum(line.endswith("2 worker(s), neuron local, remote") for line in listed) == 1, out
     assert sum(line.endswith("workers unknown (not local), ? remote") for line in listed) == 1, out
 
