@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         command = sub.add_parser(name, help=help_text)
         if name == "status":
             add_recipe_arguments(command, eager=False)
+            command.add_argument("--nproc-per-node", type=int, default=1, help="the layout's workers per node")
+            command.add_argument("--nnodes", type=int, default=1, help="the layout's nodes")
         command.add_argument("--cache", help="local directory or s3://bucket/prefix (default: compile_cache)")
         command.add_argument(
             "--local", help="local cache directory mirrored from an s3:// cache (default: compile_cache)"
@@ -95,8 +97,11 @@ def _status(args: argparse.Namespace, cache: compile_cache.Cache) -> int:
 
 
 def _native_status(args: argparse.Namespace, recipe: Recipe, cache: compile_cache.Cache) -> int:
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise UsageError("--nproc-per-node and --nnodes must be at least 1")
     backend = backend_for(recipe.runtime)
-    result = native_status(make_plan(recipe, backend.name), cache, backend.native_device, backend.compiler)
+    plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
+    result = native_status(plan, cache, backend.native_device, backend.compiler)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -106,6 +111,10 @@ def _native_status(args: argparse.Namespace, recipe: Recipe, cache: compile_cach
     print(f"{result['recipe']} plan {result['plan_id']} (native): {result.get('note', '')}")
     print(f"  artifacts {result['entry']}  local: {local}  remote: {remote}")
     print(f"  planned graphs: {', '.join(' '.join(map(str, k)) for k in result['planned_graphs'])}")
+    for entry in result["recipe_entries"]:
+        where = ", ".join(w for w in ("local", "remote") if entry[w])
+        workers = f"{entry['workers']} worker(s)" if entry["workers"] else "workers unknown (not local)"
+        print(f"  native entry {entry['entry']}: {workers}, {entry['device']} {where}")
     return 0
 
 

@@ -122,10 +122,8 @@ def _precompile_native(args: argparse.Namespace, recipe: Recipe, cache: Cache) -
     (pulled first from an s3:// cache, pushed after)."""
     if args.target == "neuron":
         raise UsageError("--target neuron is the Neuron runtime of the XLA path; native compiles with torch.compile")
-    if args.nproc_per_node * args.nnodes > 1:
-        raise UsageError("precompile --backend native: one worker only (the native backend trains on one for now)")
     backend = backend_for(recipe.runtime)
-    plan = make_plan(recipe, backend.name)
+    plan = make_plan(recipe, backend.name, world=args.nproc_per_node * args.nnodes)
     check_native_precompile(plan, backend)
     cache.pull_paths({native_entry_path(plan, backend.native_device, backend.compiler)})
     report = precompile_native(plan, backend, cache.local)

@@ -33,6 +33,8 @@ def run_plan_id(plan: RunPlan, backend: str) -> str:
     checkpointing = plan.recipe.train.activation_checkpointing
     if checkpointing != "none":  # recomputed layers change the training graphs; also not in the fingerprint
         workers += f"/checkpointing-{checkpointing}"
+    if plan.fsdp:  # FSDP2 compiles layer by layer: other graphs than DDP's (parallel.fsdp is not in it either)
+        workers += "/fsdp"
     return plan_id(plan.recipe.fingerprint() + workers, backend, plan.recipe.train.max_steps, plan.expected_graphs())
 
 

@@ -160,38 +160,63 @@ def load_entry(root: Path, path: str) -> NativeLoad:
 
 
 @dataclass
+class NodeEntry:
+    """What one process per node did with the plan's entry before any compile: pulled it from the store (once
+    for the node), checked it against its sha256 record and, on TorchNeuron, restored its NEFFs into the node's
+    NEFF cache directory (shared by the node's workers)."""
+
+    entry: str
+    pulled: dict | None
+    refused: str | None = None
+    neff_dir: Path | None = None
+    neffs_restored: int = 0  # NEFF files the entry's archive brought that were not there
+
+    @classmethod
+    def prepare(cls, cache: Cache, path: str, device_type: str) -> NodeEntry:
+        neff_dir = point_neff_cache(os.environ, cache.local) if device_type == "neuron" else None
+        found = len(neff_files(neff_dir)) if neff_dir is not None else 0
+        pulled = cache.pull_paths({path})
+        location = cache.local / path
+        refused = entry_problem(location) if location.exists() else None
+        if refused:
+            log.warning(f"compile cache: refused {path}: {refused}; not loaded, the run compiles its graphs")
+        elif neff_dir is not None and (location / NEFF_ARCHIVE).is_file():
+            restore_neffs(location / NEFF_ARCHIVE, neff_dir)
+        restored = len(neff_files(neff_dir)) - found if neff_dir is not None else 0
+        return cls(path, pulled, refused, neff_dir, restored)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"entry": self.entry, "refused": self.refused}
+        if self.neff_dir is not None:
+            out["neff_cache"] = {"dir": str(self.neff_dir), "restored": self.neffs_restored}
+        return out
+
+
+@dataclass
 class NativeCacheUse:
-    """A native run's use of the compile cache: the entry pulled and loaded before the first compile, and the
-    cache counters from then to the end of the run."""
+    """A native process's use of the compile cache: the entry loaded into PyTorch's caches before the first
+    compile (after its node prepared it: `NodeEntry`), and the cache counters from then to the end of the run."""
 
     load: NativeLoad
-    pulled: dict | None
     before: dict[str, int]
     neff_dir: Path | None = None  # TorchNeuron: its NEFF cache directory, and the files there at the start
     neffs_before: int = 0
-    neffs_restored: int = 0  # NEFF files the entry brought (its artifacts or its archive) that were not there
 
     @classmethod
     def start(cls, cache: Cache, plan: RunPlan, device_type: str, compiler: str) -> NativeCacheUse:
-        """Pull and load the plan's entry before the first compile; on TorchNeuron point its NEFF cache under the
-        compile cache and restore the entry's NEFFs there."""
-        path = native_entry_path(plan, device_type, compiler)
+        """Load the plan's entry (pulled and checked by the node: `NodeEntry.prepare`) before the first compile."""
+        load = load_entry(cache.local, native_entry_path(plan, device_type, compiler))
+        if load.loaded:
+            log.info(f"compile cache: loaded {load.artifacts} compile artifacts from {cache.local / load.entry}")
         neff_dir = point_neff_cache(os.environ, cache.local) if device_type == "neuron" else None
-        neffs_found = len(neff_files(neff_dir)) if neff_dir is not None else 0
-        pulled = cache.pull_paths({path})
-        load = load_entry(cache.local, path)  # TorchNeuron's own artifacts may put NEFFs back here already
-        if load.refused:
-            log.warning(f"compile cache: refused {path}: {load.refused}; not loaded, the run compiles its graphs")
-        elif load.loaded:
-            log.info(f"compile cache: loaded {load.artifacts} compile artifacts from {cache.local / path}")
-            if neff_dir is not None and (cache.local / path / NEFF_ARCHIVE).is_file():
-                restore_neffs(cache.local / path / NEFF_ARCHIVE, neff_dir)
         neffs = len(neff_files(neff_dir)) if neff_dir is not None else 0
-        return cls(load, pulled, counts_now(), neff_dir, neffs, neffs - neffs_found)
+        return cls(load, counts_now(), neff_dir, neffs)
 
     def finish(self) -> dict:
-        """The summary's `compile_cache["native"]`: the entry, whether it loaded, and the counters of the run:
-        graphs_from_cache / graphs_compiled are AOTAutograd's cache hits / misses, one per TorchDynamo graph."""
+        """This process's part of the summary's `compile_cache["native"]`: whether the entry loaded, and the
+        counters of the run: graphs_from_cache / graphs_compiled are AOTAutograd's cache hits / misses, one per
+        TorchDynamo graph; on TorchNeuron `neff_cache.compiled`, the NEFF files that appeared in the NEFF cache
+        directory while it ran (one per forward, backward or inference module TorchNeuron compiled)."""
         counts = counts_since(self.before)
         out = {
             **self.load.to_json(),
@@ -199,13 +224,39 @@ class NativeCacheUse:
             "graphs_compiled": counts["autograd_cache_miss"] + counts["autograd_cache_bypass"],
             "counters": counts,
         }
-        if self.neff_dir is not None:  # TorchNeuron: files its compiles added to the NEFF cache directory
-            out["neff_cache"] = {
-                "dir": str(self.neff_dir),
-                "restored": self.neffs_restored,
-                "compiled": len(neff_files(self.neff_dir)) - self.neffs_before,
-            }
+        if self.neff_dir is not None:
+            out["neff_cache"] = {"compiled": len(neff_files(self.neff_dir)) - self.neffs_before}
         return out
+
+
+def single_summary(node: NodeEntry, use: NativeCacheUse) -> dict:
+    """`compile_cache["native"]` of a run in one process: the node's part and the process's, merged."""
+    out = {**node.to_json(), **use.finish()}
+    if node.neff_dir is not None:
+        out["neff_cache"] = {**node.to_json()["neff_cache"], **out["neff_cache"]}
+    return out
+
+
+def recipe_entries(local: Path, remote: Mapping[str, float], recipe: str) -> list[dict]:
+    """Every native entry of the recipe, local or in the store (other layouts, devices, versions), with the workers
+    and device its entry.json records where it is local."""
+    prefix = f"{NATIVE_DIR}/{recipe}-"
+    names = {f"{NATIVE_DIR}/{d.name}" for d in (local / NATIVE_DIR).glob(f"{recipe}-*") if d.is_dir()}
+    names |= {p for p in remote if p.startswith(prefix)}
+    out = []
+    for name in sorted(names):
+        meta_file = local / name / META
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        out.append(
+            {
+                "entry": name,
+                "workers": meta.get("workers", 1 if meta else None),
+                "device": meta.get("device", "?"),
+                "local": (local / name).is_dir(),
+                "remote": name in remote,
+            }
+        )
+    return out
 
 
 def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) -> dict:
@@ -225,6 +276,7 @@ def native_status(plan: RunPlan, cache: Cache, device_type: str, compiler: str) 
     }
     if out["local"] and (location / META).is_file():
         out["entry_graphs"] = json.loads((location / META).read_text()).get("graphs", [])
+    out["recipe_entries"] = recipe_entries(cache.local, remote, plan.recipe.name)
     if not out["local"] and not out["remote"]:
         out["note"] = "no artifacts for this plan: run `neurontrain precompile --backend native` with the same recipe"
     return out

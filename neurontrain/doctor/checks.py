@@ -319,6 +319,22 @@ def check_native(ctx: DoctorContext) -> Verdict:
     return verdicts.native_verdict(alike, summary["compilations"], summary["expected_graphs"])
 
 
+def check_native_compile_once(ctx: DoctorContext) -> Verdict:
+    """precompile --backend native for the doctor's workers, then their run on a fresh node (a local cache holding
+    precompile's entry only: no NEFF directory, no compiler cache of this layout)."""
+    if resolve_backend_name(ctx.backend) != "native" and not (torchneuron_host() and neuron_devices()):
+        raise Skip("not a TorchNeuron host (run with --backend native to check torch.compile here)")
+    _needs_workers(ctx, "the multi-worker native compile-once check")
+    store, node, report = ctx.scratch / "native-store", ctx.scratch / "native-node", ctx.scratch / "native-pre.json"
+    common = [str(ctx.recipe), "--backend", "native", "--nproc-per-node", str(ctx.nproc), "--set", "checkpoint.every=0"]
+    ctx.cli("native-precompile", "precompile", *common, "--cache", str(store), "--json", str(report))
+    shutil.copytree(store / "native", node / "native")
+    out = ctx.scratch / "native-workers"
+    ctx.cli("native-workers", "run", *common, "--no-preflight", "--set", f"runtime.compile_cache={node}", "-o",
+            str(out))  # fmt: skip
+    return verdicts.native_compile_once_verdict(read_json(report), read_json(out / "summary.json"))
+
+
 CHECKS = (
     Check("environment", check_environment, quick=True),
     Check("compile-once", check_compile_once, quick=True),
@@ -328,4 +344,5 @@ CHECKS = (
     Check("zero1", check_zero1, quick=False),
     Check("tensor-parallel", check_tensor_parallel, quick=False),
     Check("native", check_native, quick=False),
+    Check("native-compile-once", check_native_compile_once, quick=False),
 )

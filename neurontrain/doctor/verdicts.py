@@ -194,3 +194,30 @@ def native_verdict(losses: Verdict, compilations: int, expected_graphs: int) -> 
             f"torch.compile compiled {compilations} graphs for {expected_graphs} planned: it recompiles", **figures
         )
     return passed(**figures)
+
+
+def native_compile_once_verdict(report: Mapping, summary: Mapping) -> Verdict:
+    """The multi-worker native compile-once check: precompile compiled each graph once for the layout, and every
+    worker of the run on a fresh node loaded the entry and compiled nothing (TorchNeuron: no NEFF appeared; else
+    no AOTAutograd cache miss)."""
+    workers = summary.get("compile_cache", {}).get("native", {}).get("workers", [])
+    figures = {
+        "workers": len(workers),
+        "precompile_ranks": sorted(int(r) for r in report.get("ranks_compiled", {})),
+        "compiled_per_worker": [_native_compiled(w) for w in workers],
+    }
+    if len(workers) != report.get("workers"):
+        return failed(f"{len(workers)} workers reported their cache use, of {report.get('workers')}", **figures)
+    not_loaded = [w["rank"] for w in workers if not w.get("loaded")]
+    if not_loaded:
+        refused = {w["rank"]: w.get("refused") for w in workers if w.get("refused")}
+        return failed(f"workers {not_loaded} did not load precompile's entry {refused or ''}".strip(), **figures)
+    compiled = {w["rank"]: _native_compiled(w) for w in workers if _native_compiled(w)}
+    if compiled:
+        return failed(f"workers compiled at run time although precompile's entry loaded: {compiled}", **figures)
+    return passed(**figures)
+
+
+def _native_compiled(worker: Mapping) -> int:
+    neffs = worker.get("neff_cache")
+    return int(neffs["compiled"]) if neffs is not None else int(worker.get("graphs_compiled", 0))

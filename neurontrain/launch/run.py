@@ -16,7 +16,14 @@ from neurontrain.compile.graphs import graph_hlo, graph_id
 from neurontrain.compile.runtime_cache import extraction_mode
 from neurontrain.data.ray_service import ServedData
 from neurontrain.launch.elastic import check_master_address, launch
-from neurontrain.launch.setup import NodeCache, RunSetup, announce, say_extraction
+from neurontrain.launch.setup import (
+    NodeCache,
+    RunSetup,
+    announce,
+    say_extraction,
+    worker_native_cache,
+    worker_native_summary,
+)
 from neurontrain.launch.topology import Topology
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.summary import RunSummary, read_summary
@@ -86,7 +93,11 @@ def train_as_worker(
         manifest = setup.manifest(plan, dp)
         workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
         source = service.source_for(plan.collation(workers.rank)) if service is not None else None
-        return _trainer(plan, backend, output_dir, manifest, workers, init_from, source).run()
+        native = worker_native_cache(setup, plan, backend, dp) if backend.is_native else None
+        summary = _trainer(plan, backend, output_dir, manifest, workers, init_from, source).run()
+        if native is not None and not extraction_mode():
+            worker_native_summary(native, dp, summary, output_dir)
+        return summary
     finally:
         dp.close()
 

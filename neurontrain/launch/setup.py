@@ -18,11 +18,11 @@ from pathlib import Path
 
 from neurontrain.backends import Backend
 from neurontrain.backends.hosts import native_device_type
+from neurontrain.backends.native import TARGETS
 from neurontrain.compile.cache import Cache, resolve_cache
 from neurontrain.compile.discover import run_plan_id
 from neurontrain.compile.manifest import load_manifest, manifest_path
-from neurontrain.compile.native_cache import NativeCacheUse
-from neurontrain.compile.neff_cache import point_neff_cache
+from neurontrain.compile.native_cache import NativeCacheUse, NodeEntry, native_entry_path, single_summary
 from neurontrain.compile.neuron_runtime import attach_runtime
 from neurontrain.compile.runtime_cache import CacheLocation, extraction_mode, gained_neff, scan_modules
 from neurontrain.data.sources import PreparedData
@@ -35,6 +35,8 @@ from neurontrain.plan.planning import RunPlan, make_plan
 from neurontrain.recipe import Recipe
 
 log = get_logger(__name__)
+
+NODE_PREPARED = "NEURONTRAIN_NATIVE_ENTRY_PREPARED"  # set by the launching process for its workers: the entry
 
 
 class RunSetup:
@@ -63,40 +65,74 @@ class RunSetup:
 @dataclass
 class NodeCache:
     """The launching process's part: the compile cache pulled once for the node before any worker starts and
-    pushed after; on native, the run's own cache entry; the Neuron runtime's modules before the run."""
+    pushed after; on native, the plan's entry pulled, checked and its NEFFs restored for the node (`NodeEntry`),
+    and in a run of one process its artifacts loaded too; the Neuron runtime's modules before the run."""
 
     setup: RunSetup
     pulled: dict | None
+    native_node: NodeEntry | None
     native: NativeCacheUse | None
     modules_before: dict | None
 
     @classmethod
     def start(cls, setup: RunSetup, plan: RunPlan, backend: Backend | None = None) -> NodeCache:
-        native = None
-        if backend is not None and backend.is_native:
-            native = NativeCacheUse.start(setup.cache, plan, backend.native_device, backend.compiler)
-        elif setup.backend == "native" and native_device_type() == "neuron":  # torchrun's launcher on TorchNeuron:
-            point_neff_cache(os.environ, setup.cache.local)  # the workers inherit where the NEFFs go
-        pulled = (
-            native.pulled if native else setup.cache.pull_before(plan.recipe.name, run_plan_id(plan, setup.backend))
-        )
-        return cls(setup, pulled, native, _modules(setup.location))
+        """backend: the process trains itself (else it launches the node's workers, which load the entry)."""
+        node = native = None
+        if setup.backend == "native":
+            target = TARGETS[native_device_type()]
+            device, compiler = (backend.native_device, backend.compiler) if backend else (target.device_type,
+                                                                                      target.compiler)  # fmt: skip
+            node = NodeEntry.prepare(setup.cache, native_entry_path(plan, device, compiler), device)
+            if backend is not None:
+                native = NativeCacheUse.start(setup.cache, plan, device, compiler)
+            os.environ[NODE_PREPARED] = node.entry  # the node's workers load it without pulling again
+            pulled = node.pulled
+        else:
+            pulled = setup.cache.pull_before(plan.recipe.name, run_plan_id(plan, setup.backend))
+        return cls(setup, pulled, node, native, _modules(setup.location))
 
     def finish(self, summary: RunSummary | None, *, cache_counters: bool) -> bool:
-        """Push the cache; add the Neuron runtime's counters (and, with cache_counters, what was pulled and pushed)
-        to `summary`. Whether the summary changed."""
+        """Push the cache; add the Neuron runtime's counters (and, with cache_counters or on native, what was
+        pulled and pushed) to `summary`. Whether the summary changed."""
         pushed = self.setup.cache.push_after()
         if summary is None:
             return False
         changed = False
-        if cache_counters and (self.pulled is not None or pushed is not None or self.native is not None):
-            summary.compile_cache, changed = {"pulled": self.pulled, "pushed": pushed}, True
-        if cache_counters and self.native is not None:
-            summary.compile_cache["native"] = self.native.finish()
+        native = self.native_node is not None
+        if (cache_counters or native) and (self.pulled is not None or pushed is not None or native):
+            summary.compile_cache = {**(summary.compile_cache or {}), "pulled": self.pulled, "pushed": pushed}
+            changed = True
+        if self.native is not None:
+            summary.compile_cache["native"] = single_summary(self.native_node, self.native)
+        elif native:  # the workers' own parts are there already (`worker_native_summary`)
+            workers = summary.compile_cache.get("native", {})
+            summary.compile_cache["native"] = {**workers, "node": self.native_node.to_json()}
         if self.setup.location is not None:
             summary.neuron_cache = neuron_cache_counters(self.setup.location, self.modules_before, summary.compilations)
             changed = True
         return changed
+
+
+def worker_native_cache(setup: RunSetup, plan: RunPlan, backend: Backend, dp: DataParallel) -> NativeCacheUse:
+    """A native worker's entry, loaded before its first compile. Under our launcher the node has pulled and
+    prepared it already; under a torchrun of the user's own, local rank 0 of each node does it while the other
+    workers wait at a barrier (one download a node, never one a worker)."""
+    path = native_entry_path(plan, backend.native_device, backend.compiler)
+    if os.environ.get(NODE_PREPARED) != path:
+        if dp.local_rank == 0:
+            NodeEntry.prepare(setup.cache, path, backend.native_device)
+        dp.barrier()
+    return NativeCacheUse.start(setup.cache, plan, backend.native_device, backend.compiler)
+
+
+def worker_native_summary(use: NativeCacheUse, dp: DataParallel, summary: RunSummary, output_dir: Path) -> None:
+    """Every worker's use of the entry, gathered into worker 0's summary (`compile_cache.native.workers`)."""
+    mine = {"rank": dp.rank, **use.finish()}
+    workers = dp.all_gather_object(mine)
+    if dp.is_master:
+        native = {"entry": use.load.entry, "workers": workers}
+        summary.compile_cache = {**(summary.compile_cache or {}), "native": native}
+        summary.write(output_dir)
 
 
 def neuron_cache_counters(location: CacheLocation, before: dict | None, compilations: int) -> dict:

@@ -34,6 +34,7 @@ class DataParallel:
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT: how often torchrun restarted this group
     replica_groups: list[list[int]] | None = None  # in-graph all-reduces over these groups (None: all workers)
     _group: Any = None  # gloo group for host tensors and objects
+    _store: Any = None  # the job's key-value store (torchrun's), apart from the collectives
     _started: bool = False
 
     @classmethod
@@ -82,12 +83,18 @@ class DataParallel:
             # refused" after a SIGKILL). Key this attempt's rendezvous by the restart count.
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"neurontrain/attempt_{self.restart}", store)
+            self._store = store
             # native: the device's own process group (gloo on the CPU, `neuron` on TorchNeuron) for DDP
             collectives = backend.process_group
             dist.init_process_group(collectives, store=store, rank=rank, world_size=world, timeout=timeout)
             # host tensors and objects go through gloo: the default group when it is gloo, else a gloo group
             self._group = None if collectives == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
         self._started = True
+
+    def store(self) -> Any:
+        """The job's key-value store behind the process group (torchrun's TCPStore): bounded waits beside the
+        collectives (`loop/rank_check.py`)."""
+        return self._store if self._store is not None else dist.distributed_c10d._get_default_store()
 
     def close(self) -> None:
         """Leave the process group so that its threads end here, while Python is fully alive. What still holds

@@ -65,13 +65,15 @@ class RecompilationGuard:
         self._seconds = compile_seconds or (lambda: 0.0)
         self._last_seconds = self._seconds()
         self.timeline: list[dict] = []
+        self.last_unexpected: dict | None = None  # the last sync's unexpected graph, whatever the mode
+        self.last_seconds = 0.0  # the last sync's compile seconds
 
     def after_sync(
         self, key: tuple, step: int, shapes: dict | None = None, syncs: int = 1, graph: str | None = None
     ) -> None:
         compiles = self._compiles()
         new_compiles = compiles - self._last_compiles
-        self._last_compiles = compiles
+        self._last_compiles, self.last_unexpected = compiles, None
         self._syncs += syncs
         # Executions run asynchronously and are counted when they run, so compare running totals: more
         # executions than syncs so far can only come from syncs that the loop did not make.
@@ -86,7 +88,7 @@ class RecompilationGuard:
             self.compiled[key] = self.compiled.get(key, 0) + new_compiles
             unlisted = self.known_graphs is not None and graph is not None and graph not in self.known_graphs
             too_many = new_compiles > syncs * self.graphs_per_key
-            if self.mode != "off" and (not first_time or key not in self.expected or too_many or unlisted):
+            if not first_time or key not in self.expected or too_many or unlisted:
                 event = {
                     "step": step,
                     "kind": key[0],
@@ -105,6 +107,9 @@ class RecompilationGuard:
                     ),
                     **({"why": why} if why else {}),
                 }
+                self.last_unexpected = event
+                if self.mode == "off":
+                    return
                 self.unexpected.append(event)
                 message = (
                     f"unexpected graph at step {step} ({key[0]}, shapes {shapes or {}}): "
@@ -127,7 +132,8 @@ class RecompilationGuard:
     def _record_compile(self, key: tuple, step: int, graphs: int, expected: bool) -> None:
         seconds = self._seconds()
         entry = {"step": step, "key": [str(k) for k in key], "graphs": graphs, "expected": expected}
-        self.timeline.append({**entry, "seconds": round(seconds - self._last_seconds, 4)})
+        self.last_seconds = seconds - self._last_seconds
+        self.timeline.append({**entry, "seconds": round(self.last_seconds, 4)})
         self._last_seconds = seconds
 
     def _check_compiled(self, key: tuple, step: int, shapes: dict | None) -> None:

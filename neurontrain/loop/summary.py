@@ -56,6 +56,7 @@ class RunSummary:
     eval_accuracy: float | None = None  # accuracy of the last evaluation (sequence classification)
     device_bytes: list[dict] = field(default_factory=list)  # per worker: live device-tensor bytes by planner category
     compile_cache: dict | None = None  # what run pulled/pushed; on native also `native` (artifacts loaded, cache hits)
+    rank_checks: dict | None = None  # several workers: graph shapes compared (where the plan introduces a graph)
     neuron_cache: dict | None = None  # on Neuron: runtime cache root, modules compiled at run time, cache hits
     compiles: list[dict] = field(default_factory=list)  # compile timeline: step, graph key, graphs, seconds, expected
     bucket_tokens: list[dict] = field(default_factory=list)  # per bucket: training micro-batches, real tokens, slots

@@ -5,7 +5,6 @@ the graph that ran against the plan, and the loss watch its loss (`finite.py`)."
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import torch
 
 from neurontrain.backends import Backend
 from neurontrain.data.streaming import POSITION_KEY
-from neurontrain.loop import checkpoints, steps
+from neurontrain.loop import checkpoints, rank_check, steps
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_weights, with_host_weights
 from neurontrain.loop.guard import RecompilationGuard
@@ -68,8 +67,7 @@ class Trainer:
         initialize_optimizer then the starting state of the optimizer strategy built for the device model.
         batch_source: (position, count) -> this worker's collated training micro-batches from a data service,
         instead of collating them here."""
-        self.plan, self.backend, self.output_dir = plan, backend, output_dir
-        self.recipe = plan.recipe
+        self.plan, self.backend, self.output_dir, self.recipe = plan, backend, output_dir, plan.recipe
         self.dp = dp or DataParallel()
         if self.dp.world != plan.world:
             raise ValueError(f"plan for {plan.world} workers run by a group of {self.dp.world}")
@@ -77,14 +75,12 @@ class Trainer:
             raise ValueError("checking graphs against manifest_graphs needs a graph_identifier")
         self.manifest_graphs, self.graph_identifier = manifest_graphs, graph_identifier
         self.extracting, self.initialize, self.initialize_optimizer = extracting, initialize, initialize_optimizer
-        self.batch_source = batch_source
-        self.writes = self.dp.is_master and not extracting
+        self.batch_source, self.writes = batch_source, self.dp.is_master and not extracting
         self.ckpt_root = output_dir / "checkpoints"
         self.start_step = self.position = 0  # position: batches of the batch order consumed so far
         self.stream_position: dict | None = None  # data.streaming: where the stream continues after them
-        self.last_eval: dict = {}
+        self.last_eval, self._identified = {}, set()  # the last evaluation's figures; graph keys identified
         self._restored: _Restored | None = None
-        self._identified: set[tuple] = set()
         self.watch = LossWatch()
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -133,6 +129,7 @@ class Trainer:
             compile_seconds=backend.compile_seconds,
             compiles_new_keys=self.plan.backend == "native",
         )
+        self.ranks = rank_check.for_run(self.plan, self.dp, self.start_step)
         self.strategy.materialize()
         self._sync(("setup",), self.start_step, self._state_tensors)
         # Saved optimizer state replaces the fresh state after the set-up sync, as device data: the set-up graph
@@ -161,6 +158,7 @@ class Trainer:
         length = items = 0
         accum, strategy = recipe.train.grad_accum, self.strategy
         batches = [next(self.batches) for _ in range(accum)]
+        self.ranks.before_train(step, [list(b["input_ids"].shape) for b in batches])
         scale = strategy.loss_scale(sum(batch["loss_items"] for batch in batches))
         for micro, batch in enumerate(batches):
             if micro == 0 or plan.split_step:  # each graph that trains draws its own stream (`loop/rng.py`)
@@ -259,6 +257,7 @@ class Trainer:
             eval_loss=self.last_eval.get("eval_loss"),
             eval_accuracy=self.last_eval.get("eval_accuracy"),
             device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),
+            rank_checks=self.ranks.counts() if self.dp.enabled else None,
             **report_fields(self.recipe, self.plan, self.guard.timeline, self.dp, self.log.buckets),
         )
         if self.writes:
@@ -327,7 +326,10 @@ class Trainer:
             self._identified.add(key)
             graph = self.graph_identifier(tensors())
         self.backend.sync()
-        self.guard.after_sync(key, step, shapes, graph=graph)
+        try:
+            self.guard.after_sync(key, step, shapes, graph=graph)
+        finally:  # a worker alone with an unexpected graph is named here, before the guard's own verdict
+            self.ranks.after_unexpected(self.guard.last_unexpected, self.guard.last_seconds)
 
     def _compilations(self) -> int:
         """Graphs compiled since set-up began."""
@@ -342,11 +344,8 @@ class Trainer:
         remaining = (recipe.train.max_steps - self.start_step) * recipe.train.grad_accum
         if self.batch_source is not None:
             stream = self.batch_source(self.position, remaining)
-        elif self.plan.stream is not None:
-            stream = self.plan.stream.batches(self.dp.rank, self.plan.world, self.stream_position, remaining)
         else:
-            collate = self.plan.collator("train", self.dp.rank)
-            stream = (collate(b) for b in itertools.islice(self.plan.batcher.iterate(self.position), remaining))
+            stream = self.plan.train_batches(self.dp.rank, self.position, self.stream_position, remaining)
         return iter(self.backend.wrap_loader(stream, recipe.runtime.loader))
 
     def _log_loss(
@@ -375,7 +374,8 @@ class Trainer:
         self.model.eval()
         loader = backend.wrap_loader((collate(b) for b in self.plan.eval_batches), self.recipe.runtime.loader)
         with torch.no_grad():
-            for batch in loader:
+            for index, batch in enumerate(loader):
+                self.ranks.before_eval(index, list(batch["input_ids"].shape), self.plan.eval_batches[index].length)
                 batch.pop("real_tokens")
                 if batch.pop("loss_items") == 0 and self.dp.enabled:
                     continue  # this worker's share of a partial batch is empty
@@ -384,6 +384,7 @@ class Trainer:
                 shapes = {"input_ids": list(batch["input_ids"].shape)}
                 self._sync(("eval", batch["input_ids"].shape[1]), step, lambda: [stats], shapes)  # noqa: B023
         self.model.train()
+        self.ranks.eval_done()
         loss_sum, counted, correct = self.dp.all_reduce_host(totals).tolist()
         out = {"step": step, "eval_loss": loss_sum / counted if counted else float("nan")}
         if self.recipe.task == "sequence-classification":

@@ -7,6 +7,7 @@ construction the graphs the loop executes.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,15 @@ class RunPlan:
             ids, labels, size = data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size
         max_docs = self.packing.max_docs if self.packing is not None else None
         return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs)
+
+    def train_batches(self, rank: int, position: int, stream_position: dict | None, count: int) -> Iterator[dict]:
+        """Worker `rank`'s `count` collated training micro-batches from batch `position` (a stream's: from
+        `stream_position`)."""
+        if self.stream is not None:
+            return self.stream.batches(rank, self.world, stream_position, count)
+        assert self.batcher is not None
+        collate = self.collator("train", rank)
+        return (collate(b) for b in itertools.islice(self.batcher.iterate(position), count))
 
     def first_train_batch(self, rank: int, length: int) -> dict:
         """Worker `rank`'s collated first planned training batch of `length` (graph discovery traces it)."""

@@ -19,6 +19,7 @@ from conftest import (
     run_cli,
     run_killing_a_worker,
 )
+from rank_hooks import diverging_rank1
 
 from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
@@ -141,6 +142,8 @@ def test_two_llama_workers_match_one_worker_with_the_same_global_batch(llama_two
     assert (two["world_size"], two["per_worker_batch"], two["effective_batch"]) == (2, 8, 16)
     assert read_json(one / "summary.json")["effective_batch"] == 16
     assert two["unexpected_graphs"] == 0 and two["restarts"] == 0
+    # 16 steps of one bucket: the workers compared shapes where the plan introduces a graph only, not each step
+    assert two["rank_checks"] == {"exchanges": 2, "at": ["step-1", "eval-batch-0"]}
     assert abs(two["eval_loss"] - read_json(one / "summary.json")["eval_loss"]) < 1e-3 * two["eval_loss"]
     preflight = read_metrics(llama_two_workers / "preflight.jsonl")
     assert len(preflight) == 1 and [r["rank"] for r in preflight[0]["ranks"]] == [0, 1]
@@ -254,6 +257,20 @@ def test_failing_worker_preflight_exits_3_naming_the_rank(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_diverging_rank_is_named_with_its_shapes_before_a_collective_hangs(tmp_path):
+    """Rank 1's batches take another bucket (a test hook cuts them): both workers name it at the first step, long
+    before the 600 s a collective would wait."""
+    args = ["run", LLAMA, "-o", str(tmp_path / "out"), "--nproc-per-node", "2", "--no-preflight"]
+    args += ["--set", "train.max_steps=2", "--set", "train.schedule.warmup_steps=1", "--set", "data.buckets=[128]"]
+    result = run_cli(*args, "--set", "runtime.collective_timeout=600", env=diverging_rank1(tmp_path / "site"))
+    ended = time.time()
+    assert result.returncode == 1, result.stderr[-3000:]
+    named = "workers diverge at step 1 (train): rank 1 has input_ids [8, 64], where the plan has [8, 128] (as ranks 0)"
+    assert named in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("neurontrain: error: worker rank")
+    assert ended - float((tmp_path / "site" / "diverged_at").read_text()) < 30
 
 
 def test_generated_sbatch_ran_on_a_real_slurm(llama_two_workers):

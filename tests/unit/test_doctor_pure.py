@@ -105,6 +105,26 @@ def test_the_other_verdicts():
     assert "recompiles" in verdicts.native_verdict(verdicts.losses_verdict("n", a, a), 5, 2).problem
 
 
+def test_native_compile_once_verdict_wants_every_worker_loaded_and_compiling_nothing():
+    report = {"workers": 2, "ranks_compiled": {"0": [0, 1]}}
+
+    def worker(rank, loaded=True, neffs=0, refused=None):
+        return {"rank": rank, "loaded": loaded, "refused": refused, "neff_cache": {"compiled": neffs}}
+
+    def summary(*workers):
+        return {"compile_cache": {"native": {"workers": list(workers)}}}
+
+    ok = verdicts.native_compile_once_verdict(report, summary(worker(0), worker(1)))
+    assert ok.problem is None and ok.figures["precompile_ranks"] == [0]
+    late = verdicts.native_compile_once_verdict(report, summary(worker(0), worker(1, neffs=2)))
+    assert late.problem == "workers compiled at run time although precompile's entry loaded: {1: 2}"
+    refused = verdicts.native_compile_once_verdict(report, summary(worker(0), worker(1, False, 0, "altered")))
+    assert refused.problem == "workers [1] did not load precompile's entry {1: 'altered'}"
+    assert "1 workers reported" in verdicts.native_compile_once_verdict(report, summary(worker(0))).problem
+    inductor = {"rank": 0, "loaded": True, "graphs_compiled": 1}  # no NEFF directory: AOTAutograd's misses count
+    assert "{0: 1}" in verdicts.native_compile_once_verdict({"workers": 1}, summary(inductor)).problem
+
+
 def test_environment_verdict():
     facts = {"product": "trn1.32xlarge", "devices": ["/dev/neuron0"] * 16, "backend": "neuron", "runtime": True}
     facts |= {"compiler": {"compiler_version_dir": V}, "cache_root": "/c", "cache_writable": True}
@@ -148,5 +168,6 @@ def test_scratch_environment_leaves_the_cache_to_the_doctor():
 def test_quick_is_a_subset_of_full(mode):
     names = [c.name for c in selected(mode)]
     quick = ["environment", "compile-once", "collectives", "data-parallel", "checkpoint"]
-    assert names == (quick if mode == "quick" else [*quick, "zero1", "tensor-parallel", "native"])
+    full = [*quick, "zero1", "tensor-parallel", "native", "native-compile-once"]
+    assert names == (quick if mode == "quick" else full)
     assert [c.name for c in selected("quick", ["zero1"])] == ["zero1"]

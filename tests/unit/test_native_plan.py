@@ -52,10 +52,6 @@ class _Result:
 
 
 NOT_YET = {
-    "precompile two workers": (
-        ["precompile", "--backend", "native", "--nproc-per-node", "2"],
-        "precompile --backend native: one worker only",
-    ),
     "precompile target neuron": (
         ["precompile", "--set", "runtime.backend=native", "--target", "neuron"],
         "--target neuron is the Neuron runtime of the XLA path",

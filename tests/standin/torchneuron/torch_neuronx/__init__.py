@@ -5,7 +5,9 @@ What it enforces, each from Neuron's documentation (docs/neuron-contracts.md, To
 - the `neuron` process-group backend refuses a process whose Neuron runtime is already initialised, and sets
   NEURON_RT_VISIBLE_CORES from LOCAL_RANK (and NEURON_RT_ROOT_COMM_ID) before the runtime starts: the first use of
   the device initialises the runtime, which without NEURON_RT_VISIBLE_CORES takes every core of the host;
-- `torch.compile(backend="neuron")` rejects dynamic=True and keeps what it compiles in TORCH_NEURONX_NEFF_CACHE_DIR
+- `torch.compile(backend="neuron")` goes through AOTAutograd (TorchDynamo -> AOT Autograd -> the Neuron compiler,
+  one NEFF per forward, backward or inference module), rejects dynamic=True and keeps what it compiles in
+  TORCH_NEURONX_NEFF_CACHE_DIR
   (default /tmp/neuron_backend... here: the variable must be set or the stand-in's default under /tmp is used),
   a graph found there is loaded instead of compiled; each NEFF is registered with torch.compiler's cache artifacts
   (save_cache_artifacts carries it, load_cache_artifacts writes it back into the directory);
@@ -20,6 +22,7 @@ Every event goes as one JSON line to $TORCHNEURON_STANDIN_LOG (when set), for th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +31,8 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from . import _device, _process_group
@@ -66,8 +71,52 @@ def _initialise_runtime(why: str) -> list[int]:
     return _state["runtime_cores"]
 
 
+class _Stream:
+    """The stand-in's device runs every operation when it is called (host memory), so its streams and events are
+    always in order: waiting on one returns at once. FSDP2 asks the device module for them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event if event is not None else _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Event:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+_STREAM = _Stream()
+
+
 def _device_module() -> types.ModuleType:
     module = types.ModuleType("torch.neuron")
+    module.Stream, module.Event = _Stream, _Event
+    module.current_stream = lambda device=None: _STREAM
+    module.stream = lambda stream: contextlib.nullcontext()
+    module.synchronize = lambda device=None: None
     module.is_available = lambda: True
     module.device_count = lambda: len(_initialise_runtime("device_count"))
     module.current_device = lambda: 0
@@ -119,16 +168,10 @@ class _NeffArtifact(CacheArtifact):
         return "neuron_neff"
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs: list):
-    """The `neuron` torch.compile backend: static shapes only; a graph's NEFF is looked up in the cache directory
-    first, compiled (written) when absent, and recorded for save_cache_artifacts. The graph then runs as traced,
-    op by op (on the stand-in's host memory when the device is loaded)."""
-    symbolic = [x for x in example_inputs if isinstance(x, torch.SymInt)]
-    symbolic += [x for x in example_inputs if isinstance(x, torch.Tensor) and any(
-        isinstance(s, torch.SymInt) for s in x.shape)]  # fmt: skip
-    if symbolic:
-        _log("refused dynamic")
-        raise RuntimeError("TorchNeuron stand-in: dynamic=True is rejected (dynamic shapes are not supported)")
+def _neff_module(gm: torch.fx.GraphModule, example_inputs: list):
+    """One module AOTAutograd hands the backend (a forward, a backward or an inference graph): its NEFF is looked
+    up in the cache directory first, compiled (written) when absent, and recorded for save_cache_artifacts. The
+    module then runs as traced, op by op (on the stand-in's host memory when the device is loaded)."""
     shapes = [list(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
     key = hashlib.sha256((gm.code + json.dumps(shapes)).encode()).hexdigest()[:20]
     path = _neff_path(key)
@@ -141,7 +184,22 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: list):
         _log("neff compiled", key=key)
     with open(path, "rb") as fh:
         CacheArtifactManager.record_artifact(_NeffArtifact.type(), key, fh.read())
-    return gm.forward
+    return make_boxed_func(gm.forward)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: list):
+    """The `neuron` torch.compile backend: static shapes only; TorchDynamo's graph goes through AOTAutograd, which
+    hands its forward and backward (or inference) modules to the Neuron compiler one by one (_neff_module)."""
+    symbolic = [x for x in example_inputs if isinstance(x, torch.SymInt)]
+    symbolic += [x for x in example_inputs if isinstance(x, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in x.shape)]  # fmt: skip
+    if symbolic:
+        _log("refused dynamic")
+        raise RuntimeError("TorchNeuron stand-in: dynamic=True is rejected (dynamic shapes are not supported)")
+    return _AOT(gm, example_inputs)
+
+
+_AOT = aot_autograd(fw_compiler=_neff_module, bw_compiler=_neff_module)
 
 
 def _first_use(why: str) -> None:

@@ -29,6 +29,8 @@ class OnHostCopies(dist.ProcessGroup):
     def __init__(self, gloo: dist.ProcessGroupGloo, rank: int, size: int) -> None:
         super().__init__(rank, size)
         self.gloo = gloo
+        # the group's name (DeviceMesh and FSDP2 read it) lives on its backends: gloo serves the host's tensors
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
 
     def getBackendName(self) -> str:  # noqa: N802  # PyTorch's name
         return "neuron"

@@ -248,6 +248,12 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
+// Operators registered without an autograd kernel (FSDP2's `fsdp::` copy-in and copy-out, c10d's collectives)
+// pass through autograd to their PrivateUse1 kernel, as they do on the CPU and CUDA.
+TORCH_LIBRARY_IMPL(_, AutogradPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
 extern "C" {
 void neuron_standin_set_first_use(FirstUseHook hook) {
   first_use_hook.store(hook);
