@@ -265,7 +265,8 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     fit_to_fixed_buckets(recipe, data)
     # the bucket choice sees the recipe's own batch size; packing may then change it, and grad_accum with it
     buckets = with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
-    recipe = with_packed_rows(recipe, buckets.packing_summary)  # auto packing: about batch_size samples a step
+    # auto packing: about batch_size samples a step
+    recipe = with_packed_rows(recipe, buckets.packing_summary, world // tp)
     run_recipe = with_world(recipe, world // tp)
     batching = _batching(run_recipe, data, buckets, world // tp)
     memory = plan_recipe_memory(run_recipe, config, backend, world, max(batching.used))
