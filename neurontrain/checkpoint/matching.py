@@ -150,6 +150,43 @@ def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _saving_transforms(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[WeightConverter, ...]]:
+    """The renamings and converters save_pretrained applies, as transformers' revert_weight_conversion builds them
+    for a model not loaded by from_pretrained: the load-time mapping without legacy entries and prefix changes,
+    reversed."""
+    with torch.device("meta"):
+        model = model_from_config(json.loads(config_json))
+    from transformers.conversion_mapping import get_model_conversion_mapping  # lazy: see _conversions
+    from transformers.core_model_loading import PrefixChange, WeightConverter, WeightRenaming
+
+    mapping = [t for t in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(t, PrefixChange)]
+    reverse = [t.reverse_transform() for t in mapping[::-1]]
+    return (
+        tuple(t for t in reverse if isinstance(t, WeightRenaming)),
+        tuple(t for t in reverse if isinstance(t, WeightConverter)),
+    )
+
+
+def _saved_name(name: str, renamings: list, converters: list) -> str:
+    if not renamings or (converters and _apply_converters(name, converters)[1] is not None):
+        return name
+    return _apply_renamings(name, renamings)
+
+
+def saved_names(names: list[str], config: dict) -> dict[str, str]:
+    """{model name: the name the family's save_pretrained writes it under} (GPT-NeoX: lm_head.weight ->
+    embed_out.weight; kept in the fact cache). Tensors transformers' converters merge keep the model's name (the
+    merged tensor; transformers loads it as it is)."""
+    material = {"config": config, "keys": names}
+    renamed = read_fact("saved-names", material)
+    if renamed is None or len(renamed) != len(names):
+        renamings, converters = map(list, _saving_transforms(json.dumps(config, sort_keys=True)))
+        renamed = [_saved_name(name, renamings, converters) for name in names]
+        write_fact("saved-names", material, renamed)
+    return dict(zip(names, renamed))
+
+
 class RenamedSource:
     """A checkpoint's tensors under the names transformers' load-time renames give them."""
 
@@ -274,6 +311,13 @@ class MappedSource:
 
     def keys(self) -> list[str]:
         return list(self._keys)
+
+    def stored_names(self) -> dict[str, str] | None:
+        """{model name: the checkpoint's own name} where the checkpoint names the model's tensors as a Hugging
+        Face folder does (no prefix stripped or added), else None."""
+        if self.mapping.strip or self.mapping.add:
+            return None
+        return dict(self._keys)
 
     def get(self, name: str) -> torch.Tensor:
         return self.raw.get(self._keys[name])
