@@ -117,7 +117,7 @@ def needs_conversion(keys: list[str], config: dict) -> tuple[str, str, str] | No
     entry that a converter ConvertedSource does not apply would convert on load, or None."""
     converters = [c for c in _conversions(json.dumps(config, sort_keys=True))[1] if not supported(c)]
     for key in keys:
-        target, pattern = _apply_converters(key, converters)
+        target, pattern = converted_key(key, converters)
         if pattern is not None:
             ops = ", ".join(
                 type(op).__name__ for op in next(c for c in converters if pattern in c.source_patterns).operations
@@ -142,49 +142,12 @@ def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
     renamed = read_fact("loaded-names", material)
     if renamed is None or len(renamed) != len(keys):
         renamings = list(_renamings(json.dumps(config, sort_keys=True)))
-        renamed = [_apply_renamings(key, renamings) if renamings else key for key in keys]
+        renamed = [renamed_key(key, renamings) if renamings else key for key in keys]
         write_fact("loaded-names", material, renamed)
     out: dict[str, str] = {}
     for name, key in zip(renamed, keys):
         out.setdefault(name, key)
     return out
-
-
-@functools.lru_cache(maxsize=8)
-def _saving_transforms(config_json: str) -> tuple[tuple[WeightRenaming, ...], tuple[WeightConverter, ...]]:
-    """The renamings and converters save_pretrained applies, as transformers' revert_weight_conversion builds them
-    for a model not loaded by from_pretrained: the load-time mapping without legacy entries and prefix changes,
-    reversed."""
-    with torch.device("meta"):
-        model = model_from_config(json.loads(config_json))
-    from transformers.conversion_mapping import get_model_conversion_mapping  # lazy: see _conversions
-    from transformers.core_model_loading import PrefixChange, WeightConverter, WeightRenaming
-
-    mapping = [t for t in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(t, PrefixChange)]
-    reverse = [t.reverse_transform() for t in mapping[::-1]]
-    return (
-        tuple(t for t in reverse if isinstance(t, WeightRenaming)),
-        tuple(t for t in reverse if isinstance(t, WeightConverter)),
-    )
-
-
-def _saved_name(name: str, renamings: list, converters: list) -> str:
-    if not renamings or (converters and _apply_converters(name, converters)[1] is not None):
-        return name
-    return _apply_renamings(name, renamings)
-
-
-def saved_names(names: list[str], config: dict) -> dict[str, str]:
-    """{model name: the name the family's save_pretrained writes it under} (GPT-NeoX: lm_head.weight ->
-    embed_out.weight; kept in the fact cache). Tensors transformers' converters merge keep the model's name (the
-    merged tensor; transformers loads it as it is)."""
-    material = {"config": config, "keys": names}
-    renamed = read_fact("saved-names", material)
-    if renamed is None or len(renamed) != len(names):
-        renamings, converters = map(list, _saving_transforms(json.dumps(config, sort_keys=True)))
-        renamed = [_saved_name(name, renamings, converters) for name in names]
-        write_fact("saved-names", material, renamed)
-    return dict(zip(names, renamed))
 
 
 class RenamedSource:
@@ -407,13 +370,13 @@ def load_problem(names: ModelNames, shapes: dict[str, tuple[int, ...]]) -> str |
     return " ".join(parts) or None
 
 
-def _apply_converters(key: str, converters: list) -> tuple:
+def converted_key(key: str, converters: list) -> tuple:
     from transformers.core_model_loading import apply_converters  # lazy: see _conversions
 
     return apply_converters(key, converters)
 
 
-def _apply_renamings(key: str, renamings: list) -> str:
+def renamed_key(key: str, renamings: list) -> str:
     from transformers.core_model_loading import apply_renamings  # lazy: see _conversions
 
     return apply_renamings(key, renamings)

@@ -24,11 +24,12 @@ from tqdm import tqdm
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
 from neurontrain.checkpoint.mapped import save_and_free
-from neurontrain.checkpoint.matching import MappedSource, check_loads, loaded_names, saved_names
+from neurontrain.checkpoint.matching import MappedSource, check_loads, loaded_names
 from neurontrain.checkpoint.nxd import NxdReader, rank_tensors, stage_names
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
 from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.checkpoint.safetensors_writer import write_safetensors
+from neurontrain.checkpoint.saved_names import saved_names
 from neurontrain.checkpoint.staging import staged_destination
 from neurontrain.checkpoint.trainer_dirs import LAYOUTS, ShardWriter
 from neurontrain.errors import UsageError

@@ -142,6 +142,10 @@ class RunPlan:
         steps = self.recipe.train.max_steps * self.recipe.train.grad_accum
         return list(itertools.islice(self.batcher.iterate(0), steps))
 
+    def planned_lengths(self) -> list[int]:
+        """The length of every planned training micro-batch, in order."""
+        return [batch.length for batch in self._planned_train_batches()]
+
     def padding_fraction(self) -> float:
         """Padded share of the token slots of the planned training batches."""
         total = real = 0
