@@ -35,6 +35,7 @@ from neurontrain.checkpoint.trainer_dirs import LAYOUTS, ShardWriter
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.parallel.nxd_layout import fuse_moments
+from neurontrain.parallel.optimum_layout import training_note
 from neurontrain.parallel.rules import ShardingSpec, shard, spec_from_config
 
 log = get_logger(__name__)
@@ -127,6 +128,8 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
                         save_and_free(_optimizer_shard(spec, optimizer, stage, tp), writer.optim_file(tp, pp))
                         writer.files += 1
                         bar.update(1)
+        if opts.layout == "optimum-neuron" and (note := training_note(spec.family)):
+            log.warning(note)
         writer.finish(source.config)
         reader = writer.reader()
         check_loads(source.config, {n: reader.meta(n)[0] for n in reader.keys()}, f"the output for {dest}")
@@ -143,6 +146,7 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         "optimizer": optimizer is not None,
         "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
         "destination": str(dest),
+        **({"note": note} if opts.layout == "optimum-neuron" and (note := training_note(spec.family)) else {}),
     }
 
 
