@@ -184,6 +184,10 @@ def test_auto_packs_where_the_cost_model_says_so_and_says_why():
     )
     assert costly_rows.packing is None and costly_rows.bucket_mode == "auto"
     assert any(note.startswith("data.packing auto: no packing:") for note in costly_rows.notes)
+    # train.global_batch_size counts samples: 32 = 8 x 2 workers x 2 unpacked, so 2 micro-steps of packed rows
+    small = ["data.train_samples=300", "data.eval_samples=20", "train.max_steps=20", "train.global_batch_size=32"]
+    two = make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", small), "eager", world=2)
+    assert two.bucket_mode == "packed" and two.recipe.train.grad_accum == 2 and two.recipe.data.batch_size < 8
 
 
 def test_packing_refuses_a_model_it_cannot_isolate():
