@@ -94,9 +94,9 @@ class DataSpec(_Strict):
     pad_to_multiple_of: int = Field(8, ge=1)
     auto_buckets: AutoBucketSpec = AutoBucketSpec()
     last_batch: Literal["drop", "pad"] = "drop"
-    # on: batch_size rows of one length, each filled with whole samples; auto: where the cost model finds it
-    # cheaper than the buckets
-    packing: Literal["off", "on", "auto"] = "off"
+    # on: batch_size rows of one length, each filled with whole samples; auto (the default): where the model is
+    # proven to isolate documents and the cost model finds packed rows cheaper than the buckets; off: buckets
+    packing: Literal["off", "on", "auto"] = "auto"
     max_docs_per_row: int | None = Field(None, ge=1)  # sequence classification under packing; None: from data
     shuffle: bool = True
     seed: int = 0

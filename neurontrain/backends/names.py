@@ -42,18 +42,25 @@ def resolve_backend_name(requested: str) -> str:
         if requested not in BACKENDS:
             raise UsageError(f"unknown backend {requested!r} (choose from auto, {', '.join(BACKENDS)})")
         return requested
+    name, why = auto_backend()
+    return _said(name, why) if why else name
+
+
+def auto_backend() -> tuple[str, str | None]:
+    """What `auto` is on this host, and why where the user may not expect it (said once by resolve_backend_name).
+    On CUDA without torch-xla a run prices eager against native for its whole job (plan/backend_choice.py)."""
     stack = neuron_stack()
     if stack == "torchneuron":
-        return _said("native", "TorchNeuron (torch-neuronx 2.13+) is installed: native torch.compile on `neuron`")
+        return "native", "TorchNeuron (torch-neuronx 2.13+) is installed: native torch.compile on `neuron`"
     if stack == "xla" and neuron_devices():
-        return "neuron"
+        return "neuron", None
     if os.environ.get("PJRT_DEVICE", "").upper() in ("CUDA", "GPU"):
-        return "xla-cuda"
+        return "xla-cuda", None
     if torch_xla_installed():
-        return "xla-cpu"
+        return "xla-cpu", None
     if cuda_available():
-        return _said("native", "torch-xla is not installed: native torch.compile (inductor) on CUDA")
-    return _said("eager", "torch-xla is not installed and there is no GPU: eager PyTorch on the CPU")
+        return "native", "torch-xla is not installed: native torch.compile (inductor) on CUDA"
+    return "eager", "torch-xla is not installed and there is no GPU: eager PyTorch on the CPU"
 
 
 _SAID: set[str] = set()

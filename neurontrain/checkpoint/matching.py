@@ -117,7 +117,7 @@ def needs_conversion(keys: list[str], config: dict) -> tuple[str, str, str] | No
     entry that a converter ConvertedSource does not apply would convert on load, or None."""
     converters = [c for c in _conversions(json.dumps(config, sort_keys=True))[1] if not supported(c)]
     for key in keys:
-        target, pattern = _apply_converters(key, converters)
+        target, pattern = converted_key(key, converters)
         if pattern is not None:
             ops = ", ".join(
                 type(op).__name__ for op in next(c for c in converters if pattern in c.source_patterns).operations
@@ -142,7 +142,7 @@ def loaded_names(keys: list[str], config: dict) -> dict[str, str]:
     renamed = read_fact("loaded-names", material)
     if renamed is None or len(renamed) != len(keys):
         renamings = list(_renamings(json.dumps(config, sort_keys=True)))
-        renamed = [_apply_renamings(key, renamings) if renamings else key for key in keys]
+        renamed = [renamed_key(key, renamings) if renamings else key for key in keys]
         write_fact("loaded-names", material, renamed)
     out: dict[str, str] = {}
     for name, key in zip(renamed, keys):
@@ -275,6 +275,13 @@ class MappedSource:
     def keys(self) -> list[str]:
         return list(self._keys)
 
+    def stored_names(self) -> dict[str, str] | None:
+        """{model name: the checkpoint's own name} where the checkpoint names the model's tensors as a Hugging
+        Face folder does (no prefix stripped or added), else None."""
+        if self.mapping.strip or self.mapping.add:
+            return None
+        return dict(self._keys)
+
     def get(self, name: str) -> torch.Tensor:
         return self.raw.get(self._keys[name])
 
@@ -363,13 +370,13 @@ def load_problem(names: ModelNames, shapes: dict[str, tuple[int, ...]]) -> str |
     return " ".join(parts) or None
 
 
-def _apply_converters(key: str, converters: list) -> tuple:
+def converted_key(key: str, converters: list) -> tuple:
     from transformers.core_model_loading import apply_converters  # lazy: see _conversions
 
     return apply_converters(key, converters)
 
 
-def _apply_renamings(key: str, renamings: list) -> str:
+def renamed_key(key: str, renamings: list) -> str:
     from transformers.core_model_loading import apply_renamings  # lazy: see _conversions
 
     return apply_renamings(key, renamings)

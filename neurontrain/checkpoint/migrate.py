@@ -24,16 +24,18 @@ from tqdm import tqdm
 from neurontrain.checkpoint.formats import TensorSource
 from neurontrain.checkpoint.layouts import open_gpu_checkpoint
 from neurontrain.checkpoint.mapped import save_and_free
-from neurontrain.checkpoint.matching import MappedSource, check_loads
+from neurontrain.checkpoint.matching import MappedSource, check_loads, loaded_names
 from neurontrain.checkpoint.nxd import NxdReader, rank_tensors, stage_names
 from neurontrain.checkpoint.opening import open_checkpoint, open_model_checkpoint
 from neurontrain.checkpoint.optimum_neuron import OptimumNeuronReader
 from neurontrain.checkpoint.safetensors_writer import write_safetensors
+from neurontrain.checkpoint.saved_names import saved_names
 from neurontrain.checkpoint.staging import staged_destination
 from neurontrain.checkpoint.trainer_dirs import LAYOUTS, ShardWriter
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.parallel.nxd_layout import fuse_moments
+from neurontrain.parallel.optimum_layout import training_note
 from neurontrain.parallel.rules import ShardingSpec, shard, spec_from_config
 
 log = get_logger(__name__)
@@ -41,6 +43,8 @@ __all__ = ["MigrateOptions", "migrate", "open_checkpoint", "open_model_checkpoin
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # huggingface_hub's default shard size for safetensors, "5GB"
+# layouts whose tensor names are a Hugging Face folder's: `--to gpu` from them keeps the source's names
+HF_LAYOUTS = ("hf", "hf-sharded", "hf-trainer", "accelerate", "safetensors")
 
 
 @dataclass(kw_only=True)
@@ -124,6 +128,8 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
                         save_and_free(_optimizer_shard(spec, optimizer, stage, tp), writer.optim_file(tp, pp))
                         writer.files += 1
                         bar.update(1)
+        if opts.layout == "optimum-neuron" and (note := training_note(spec.family)):
+            log.warning(note)
         writer.finish(source.config)
         reader = writer.reader()
         check_loads(source.config, {n: reader.meta(n)[0] for n in reader.keys()}, f"the output for {dest}")
@@ -140,6 +146,7 @@ def to_neuron(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         "optimizer": optimizer is not None,
         "vocab_padding": _padding_report(spec, opts.pad_vocab_multiple),
         "destination": str(dest),
+        **({"note": note} if opts.layout == "optimum-neuron" and (note := training_note(spec.family)) else {}),
     }
 
 
@@ -175,13 +182,25 @@ def _written_dtype(dtype: torch.dtype, target: str | None) -> torch.dtype:
     return DTYPES[target] if target and dtype.is_floating_point else dtype
 
 
-def _write_safetensors(source: TensorSource, names: list[str], dtype: str | None, out: Path, max_shard: int) -> int:
-    """The tensors as model.safetensors, or above max_shard bytes as Hugging Face's sharded files
-    (model-0000i-of-0000n.safetensors, split by huggingface_hub's rule) with their index; each file is written a
-    tensor at a time. Returns the number of files."""
+def output_names(source: TensorSource) -> dict[str, str]:
+    """{name written: the source's name} for `--to gpu`: a Hugging Face folder's own names where the source is
+    one, else the names the family's save_pretrained writes (GPT-NeoX: embed_out.weight), so a round trip keeps
+    the original's keys and tools that read the safetensors by key (transformers 4, vLLM) find them."""
+    names = source.keys()
+    stored = source.stored_names() if isinstance(source, MappedSource) and source.layout in HF_LAYOUTS else None
+    written = stored or (saved_names(names, source.config) if source.config is not None else {n: n for n in names})
+    return {written[n]: n for n in names}
+
+
+def _write_safetensors(
+    source: TensorSource, names: dict[str, str], dtype: str | None, out: Path, max_shard: int
+) -> int:
+    """The tensors ({name written: source name}) as model.safetensors, or above max_shard bytes as Hugging Face's
+    sharded files (model-0000i-of-0000n.safetensors, split by huggingface_hub's rule) with their index; each file
+    is written a tensor at a time. Returns the number of files."""
     metas = {}
-    for name in names:
-        shape, stored = source.meta(name)
+    for name, read in names.items():
+        shape, stored = source.meta(read)
         metas[name] = shape, _written_dtype(stored, dtype)
     sizes = {name: math.prod(shape) * written.itemsize for name, (shape, written) in metas.items()}
     split = split_state_dict_into_shards_factory(
@@ -194,7 +213,7 @@ def _write_safetensors(source: TensorSource, names: list[str], dtype: str | None
 
         def tensor(name: str) -> torch.Tensor:
             bar.update(sizes[name])
-            return cast(source.get(name))
+            return cast(source.get(names[name]))
 
         for filename, members in split.filename_to_tensors.items():
             write_safetensors(out / filename, {n: metas[n] for n in members}, tensor, {"format": "pt"})
@@ -220,7 +239,7 @@ def to_gpu(source: TensorSource, dest: Path, opts: MigrateOptions) -> dict:
         raise UsageError(f"--with-optimizer: {source.description} holds no optimizer state")
     names = source.keys()
     with staged_destination(dest, opts.overwrite) as out:
-        files = _write_safetensors(source, names, opts.dtype, out, opts.max_shard_bytes)
+        files = _write_safetensors(source, output_names(source), opts.dtype, out, opts.max_shard_bytes)
         if source.config is not None:
             (out / "config.json").write_text(json.dumps(source.config, indent=2))
         if optimizer is not None:
@@ -247,7 +266,8 @@ def _check_gpu_output(out: Path, dest: Path) -> None:
     if written.config is None:
         log.warning("no model config known: %s is not checked to load into its model", dest)
         return
-    check_loads(written.config, {n: written.meta(n)[0] for n in written.keys()}, f"the output for {dest}")
+    loaded = loaded_names(written.keys(), written.config)  # the names transformers loads them under
+    check_loads(written.config, {n: written.meta(k)[0] for n, k in loaded.items()}, f"the output for {dest}")
 
 
 def _source_report(source: TensorSource) -> dict:

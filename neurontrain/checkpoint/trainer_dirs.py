@@ -4,7 +4,7 @@
   nxd                    <dst>/<tag>/model/ beside <tag>/checkpoint and <tag>/done (each "1", as NxD's
                          save_checkpoint writes them), <tag>/checkpoint_spec.json, <tag>/config.json
   optimum-neuron         <dst>/shards/model/ (xser by default) beside shards/mp_metadata_pp_rank_<p>.json,
-                         shards/checkpoint, shards/done; <dst>/config.json
+                         shards/checkpoint, shards/done; <dst>/config.json, <dst>/trn_config.json
 
 `neurontrain` is what `run --init-from` and a tensor-parallel `run` load; `nxd` is NxD's `save_checkpoint(dir, tag)`
 layout (its `load_checkpoint(dir)` takes the newest tag holding `done`); `optimum-neuron` is what optimum-neuron's
@@ -22,7 +22,14 @@ from neurontrain.checkpoint.nxd import NxdReader
 from neurontrain.checkpoint.optimum_neuron import SHARDS, OptimumNeuronReader
 from neurontrain.checkpoint.xser import save_xser
 from neurontrain.parallel.nxd_layout import MODEL_DIR, OPTIM_DIR, SPEC_FILE, rank_file
-from neurontrain.parallel.optimum_layout import METADATA_FILE, check_expressible, optimum_name, stage_metadata
+from neurontrain.parallel.optimum_layout import (
+    METADATA_FILE,
+    TRN_CONFIG_FILE,
+    check_expressible,
+    optimum_name,
+    stage_metadata,
+    trn_config,
+)
 from neurontrain.parallel.rules import ShardingSpec, neuron_name, rule_for, stage_of
 
 LAYOUTS = ("neurontrain", "nxd", "optimum-neuron")
@@ -70,6 +77,7 @@ class ShardWriter:
                 names = [n for n in self.spec.names if stage_of(self.spec, n) == pp]
                 metadata = stage_metadata(self.spec, names, shapes)
                 (self.shards / METADATA_FILE.format(pp)).write_text(json.dumps(metadata, indent=4))
+            (self.out / TRN_CONFIG_FILE).write_text(json.dumps(trn_config(self.spec, self.xser), indent=4))
         else:
             (self.shards / SPEC_FILE).write_text(json.dumps(self.spec.to_json(), indent=1))
         if config is not None:

@@ -13,14 +13,20 @@ from neurontrain.fileio import write_file_atomic
 from neurontrain.report.comparison import METRICS, Comparison, NotComparable, compare
 from neurontrain.report.prices import PRICES, Price
 from neurontrain.report.runs import load_run
-from neurontrain.report.series import AXES
+from neurontrain.report.series import AXES, relative_difference
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_a", type=Path, help="the reference run's --output-dir (e.g. the GPU run)")
     parser.add_argument("run_b", type=Path, help="the run to check against it")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="largest metric difference that passes")
-    parser.add_argument("--metric", choices=METRICS, default="eval_loss", help="the quality figure judged")
+    parser.add_argument(
+        "--metric",
+        choices=("auto", *METRICS),
+        default="auto",
+        help="the quality figure judged; auto: eval_loss where both runs have it, else train_loss (the larger of "
+        "the final training loss's and the aligned curve's relative differences)",
+    )
     parser.add_argument("--by", choices=AXES, default="samples", help="axis the loss curves are aligned on")
     parser.add_argument("--json", type=Path, metavar="F", help="also write the comparison as JSON to F")
     parser.add_argument(
@@ -85,11 +91,20 @@ def render(result: Comparison, name_a: str, name_b: str) -> str:
     """The comparison as text: verdict, curve differences, then one column per run."""
     kind = "absolute" if result.metric == "eval_accuracy" else "relative"
     verdict = "within" if result.within else "BEYOND"
-    lines = [
-        f"A: {name_a}",
-        f"B: {name_b}",
-        f"{result.metric}: A {result.metric_values[0]:.6g}, B {result.metric_values[1]:.6g}, {kind} difference "
-        f"{result.metric_difference:.3g} ({verdict} tolerance {result.tolerance:g})",
+    lines = [f"A: {name_a}", f"B: {name_b}"]
+    if result.metric_reason is not None:
+        lines.append(f"metric: {result.metric} ({result.metric_reason})")
+    values = f"A {result.metric_values[0]:.6g}, B {result.metric_values[1]:.6g}"
+    if result.metric == "train_loss":
+        final = relative_difference(*result.metric_values)
+        judged = (
+            f"final training loss: {values}, relative difference {final:.3g}; with the aligned curve's largest, "
+            f"{result.metric_difference:.3g}"
+        )
+    else:
+        judged = f"{result.metric}: {values}, {kind} difference {result.metric_difference:.3g}"
+    lines += [
+        f"{judged} ({verdict} tolerance {result.tolerance:g})",
         f"loss curves aligned by {result.by} at {result.points} points: max relative difference "
         f"{result.max_loss_difference:.3g} (at {result.max_loss_difference_at:g}), "
         f"final {result.final_loss_difference:.3g}",

@@ -25,6 +25,7 @@ from neurontrain.launch.ray_train import check_ray_options, train_on_ray
 from neurontrain.launch.run import train_as_worker, train_single, train_workers
 from neurontrain.launch.topology import Topology
 from neurontrain.logs import get_logger
+from neurontrain.plan.backend_choice import choose_job_backend, cuda_auto_host
 from neurontrain.plan.description import describe_plan
 from neurontrain.plan.planning import RunPlan, make_plan
 from neurontrain.recipe import load_recipe
@@ -60,9 +61,17 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from(args)
     launching = args.nproc_per_node is not None or topology.nnodes > 1 or topology.max_restarts > 0
     launching = launching or args.launcher == "ray"
+    choice = None
+    if cuda_auto_host(recipe.runtime.backend):  # eager or native: the whole job's priced time decides
+        choice = choose_job_backend(recipe, world=topology.world if launching else 1)
+        log.info(choice.reason)
+        recipe = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(update={"backend": choice.backend})})
+        args = argparse.Namespace(**{**vars(args), "backend": choice.backend})  # the workers get it as --backend
     if args.dry_run:
         plan = make_plan(recipe, resolve_backend_name(recipe.runtime.backend), world=topology.world if launching else 1)
         described = describe_plan(plan)
+        if choice is not None:
+            described["backend_choice"] = choice.reason
         if args.launcher == "ray":
             described["ray"] = describe_service(plan, _local_sizes(args))
         print(json.dumps(described, indent=2))

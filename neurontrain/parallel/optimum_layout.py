@@ -24,6 +24,43 @@ from neurontrain.parallel.rules import PACKED, ShardingSpec, neuron_name, split_
 
 GQA_SPEC, FUSED_SPEC = "GQAQKVColumnParallelLinearSpec", "FusedLinearsSpec"
 METADATA_FILE = "mp_metadata_pp_rank_{}.json"
+TRN_CONFIG_FILE = "trn_config.json"
+# the model types optimum-neuron 0.4.5 has training models for (models/training/auto_models.py)
+TRAINING_FAMILIES = ("llama", "granite", "qwen3")
+
+
+def trn_config(spec: ShardingSpec, use_xser: bool) -> dict:
+    """trn_config.json as optimum-neuron 0.4.5's save_pretrained writes it (`asdict(self.trn_config)`, the
+    TrainingNeuronConfig fields in their order): its defaults, with this layout's parallel sizes, fused q/k/v and
+    serialization. sequence_parallel_enabled and the rest are training choices the shards do not fix."""
+    return {
+        "tensor_parallel_size": spec.tp,
+        "sequence_parallel_enabled": False,
+        "kv_size_multiplier": None,  # its attention derives TP // KV heads, the multiplier the shards were cut with
+        "pipeline_parallel_size": spec.pp,
+        "virtual_pipeline_parallel_size": 1,
+        "pipeline_parallel_num_microbatches": 1,
+        "pipeline_parallel_use_zero1_optimizer": False,
+        "gradient_checkpointing": False,
+        "checkpoint_dir": None,
+        "num_local_ranks_per_step": 8,
+        "use_xser": use_xser,
+        "async_save": False,
+        "fuse_qkv": spec.fuse_qkv,
+        "recompute_causal_mask": True,
+        "transpose_nki_inputs": True,
+    }
+
+
+def training_note(family: str) -> str | None:
+    """What a user of `--layout optimum-neuron` for a family optimum-neuron cannot train must know, or None."""
+    if family in TRAINING_FAMILIES:
+        return None
+    return (
+        f"--layout optimum-neuron: optimum-neuron 0.4.5 has no training model for {family} (only "
+        f"{', '.join(TRAINING_FAMILIES)}): its consolidation and NxD's load_checkpoint read these shards, no "
+        "optimum-neuron trainer trains from them"
+    )
 
 
 def gqa_linear(spec: ShardingSpec) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from neurontrain.data.buckets import StepCostModel, bucketing_seconds, padding_fraction, round_up
 from neurontrain.data.packing import Packing, pack_rows, packed_padding_fraction
+from neurontrain.data.sharding import resolve_grad_accum
 from neurontrain.data.sources import PreparedData
 from neurontrain.errors import UsageError
 from neurontrain.model.inputs import ModelInputs
@@ -195,11 +196,17 @@ def packed_rows(batch_size: int, samples_per_row: float) -> int:
     return max(1, round(batch_size / max(samples_per_row, 1.0)))
 
 
-def with_packed_rows(recipe: Recipe, summary: dict | None) -> Recipe:
-    """The recipe with data.batch_size (and an unset data.eval_batch_size's rows) as the packed rows auto chose."""
+def with_packed_rows(recipe: Recipe, summary: dict | None, world: int = 1) -> Recipe:
+    """The recipe with data.batch_size (and an unset data.eval_batch_size's rows) as the packed rows auto chose.
+    A train.global_batch_size counts samples: it becomes the accumulation it gives unpacked on `world` workers
+    (a step keeps about its samples; the packed rows need not divide it)."""
     rows = (summary or {}).get("rows_per_step")
-    spec = recipe.data
+    spec, train = recipe.data, recipe.train
     if rows is None or rows == spec.batch_size:
         return recipe
     update = {"batch_size": rows, "eval_batch_size": spec.eval_batch_size or spec.batch_size}
-    return recipe.model_copy(update={"data": spec.model_copy(update=update)})
+    changes = {"data": spec.model_copy(update=update)}
+    if train.global_batch_size is not None:
+        accum = resolve_grad_accum(spec.batch_size, world, train.grad_accum, train.global_batch_size)
+        changes["train"] = train.model_copy(update={"grad_accum": accum, "global_batch_size": None})
+    return recipe.model_copy(update=changes)

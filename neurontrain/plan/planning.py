@@ -174,6 +174,10 @@ class RunPlan:
         assert self.batcher is not None
         return list(itertools.islice(self.batcher.iterate(0), steps))
 
+    def planned_lengths(self) -> list[int]:
+        """The length of every planned training micro-batch, in order."""
+        return [batch.length for batch in self._planned_train_batches()]
+
     def padding_fraction(self) -> float:
         """Padded share of the token slots of the planned training batches (a stream fills every row)."""
         if self.stream is not None:
@@ -305,7 +309,8 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     fit_to_fixed_buckets(recipe, data)
     # the bucket choice sees the recipe's own batch size; packing may then change it, and grad_accum with it
     buckets = with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
-    recipe = with_packed_rows(recipe, buckets.packing_summary)  # auto packing: about batch_size samples a step
+    # auto packing: about batch_size samples a step
+    recipe = with_packed_rows(recipe, buckets.packing_summary, world // tp)
     run_recipe = with_world(recipe, world // tp)
     batching = _batching(run_recipe, data, buckets, world // tp)
     memory = plan_recipe_memory(run_recipe, config, backend, world, max(batching.used))

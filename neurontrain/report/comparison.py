@@ -9,7 +9,9 @@ from typing import Any
 from neurontrain.report import series
 from neurontrain.report.prices import PRICES, Price, cost_per_million_tokens
 
-METRICS = ("eval_loss", "final_loss", "eval_accuracy")
+METRICS = ("eval_loss", "final_loss", "eval_accuracy", "train_loss")
+# train_loss: the larger of the final training loss's and the aligned loss curve's relative differences; `auto`
+# (compare's default) takes eval_loss where both runs evaluated, else train_loss, and says so
 # eval_accuracy is a share already: its difference is absolute; the losses' differences are relative to run A
 ABSOLUTE_METRICS = {"eval_accuracy"}
 
@@ -31,6 +33,7 @@ class Comparison:
     metric_difference: float
     runs: list[dict[str, Any]] = field(default_factory=list)  # per run: throughput, compiles, padding, cost
     notes: list[str] = field(default_factory=list)
+    metric_reason: str | None = None  # why `auto` judged this metric
 
     @property
     def within(self) -> bool:
@@ -49,6 +52,7 @@ class Comparison:
             "metric_values": list(self.metric_values),
             "metric_difference": self.metric_difference,
             "metric_difference_kind": "absolute" if self.metric in ABSOLUTE_METRICS else "relative",
+            "metric_reason": self.metric_reason,
             "runs": self.runs,
             "notes": self.notes,
         }
@@ -66,10 +70,24 @@ def check_comparable(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return notes
 
 
+def choose_metric(a: dict[str, Any], b: dict[str, Any], metric: str) -> tuple[str, str | None]:
+    """The metric judged, and why where `auto` chose it: eval_loss where both runs have one, else the training
+    losses (a GPU reference run often skips evaluation)."""
+    if metric != "auto":
+        return metric, None
+    missing = [f"run {which}" for which, s in (("A", a), ("B", b)) if s.get("eval_loss") is None]
+    if not missing:
+        return "eval_loss", "both runs have an eval_loss"
+    return "train_loss", (
+        f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no eval_loss: judged on the training "
+        "losses, final and aligned curve (--metric chooses)"
+    )
+
+
 def metric_value(summary: dict[str, Any], metric: str) -> float:
     if metric not in METRICS:
         raise NotComparable(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
-    value = summary.get(metric)
+    value = summary.get("final_loss" if metric == "train_loss" else metric)
     if value is None:
         raise NotComparable(f"run {summary.get('recipe')!r} has no {metric} (did it evaluate?)")
     return float(value)
@@ -80,7 +98,7 @@ def compare(
     b: tuple[dict, list[dict]],
     *,
     tolerance: float = 1e-3,
-    metric: str = "eval_loss",
+    metric: str = "auto",
     by: str = "samples",
     instances: tuple[str | None, str | None] = (None, None),
     prices: dict[str, Price] = PRICES,
@@ -88,6 +106,7 @@ def compare(
     """a, b: (summary, metrics records) of each run. instances: instance types that override the summaries'."""
     (sa, ra), (sb, rb) = a, b
     notes = check_comparable(sa, sb)
+    metric, reason = choose_metric(sa, sb, metric)
     values = (metric_value(sa, metric), metric_value(sb, metric))
     ca, cb = series.curve(ra, sa, "loss", by), series.curve(rb, sb, "loss", by)
     if not ca or not cb:
@@ -101,11 +120,13 @@ def compare(
         difference = abs(values[0] - values[1])
     else:
         difference = series.relative_difference(*values)
+    if metric == "train_loss":  # a curve that parts and meets again at the end does not pass
+        difference = max(difference, worst)
     if sa.get("effective_batch") != sb.get("effective_batch") and by == "steps":
         notes.append("the runs differ in batch: --by samples or tokens aligns what they trained on")
     runs = [_figures(s, kind, prices) for s, kind in ((sa, instances[0]), (sb, instances[1]))]
     return Comparison(
-        by, metric, tolerance, len(aligned), worst, worst_at, diffs[-1][0], values, difference, runs, notes
+        by, metric, tolerance, len(aligned), worst, worst_at, diffs[-1][0], values, difference, runs, notes, reason
     )
 
 

@@ -27,7 +27,9 @@ def test_dry_run_prints_plan_without_training(tmp_path):
     plan = json.loads(result.stdout)
     assert plan["expected_graphs"][0] == ["setup"]
     assert {tuple(k) for k in plan["expected_graphs"]} >= {("train", n) for n in plan["buckets"]["used"]}
-    assert plan["world_size"] == 1 and plan["effective_batch"] == 8
+    # as shipped, the recipe packs (data.packing: auto): one row length, little padding, about 8 samples a step
+    assert plan["buckets"]["mode"] == "packed" and plan["packing"]["padding_fraction"] < 0.05
+    assert plan["world_size"] == 1 and plan["effective_batch"] == plan["packing"]["rows_per_step"] < 8
     assert not (tmp_path / "x").exists()
 
 

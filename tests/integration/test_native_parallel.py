@@ -20,6 +20,7 @@ COMMON = [
     *("--set", f"train.max_steps={STEPS}", "--set", "train.log_every=1"),
     *("--set", "train.precision=fp32", "--set", "model.config.attention_dropout=0.0"),
     *("--set", "train.eval_at_end=false", "--set", "train.schedule.warmup_steps=1"),
+    *("--set", "data.packing=off"),  # the same global batch of samples on one worker and on two
 ]
 DDP = ["--backend", "native", "--nproc-per-node", "2", "--set", "data.batch_size=8"]  # 8 rows a worker
 FSDP = [*DDP, "--set", "parallel.fsdp=true"]

@@ -42,7 +42,7 @@ def _packed_steps_for(samples: int) -> int:
 
 @pytest.fixture(scope="module")
 def bert_runs(tmp_path_factory) -> tuple[dict, dict]:
-    unpacked = _train(tmp_path_factory.mktemp("unpacked"), BERT, BERT_EVAL)
+    unpacked = _train(tmp_path_factory.mktemp("unpacked"), BERT, [*BERT_EVAL, "data.packing=off"])
     steps = _packed_steps_for(unpacked["samples_trained"])
     packed = _train(tmp_path_factory.mktemp("packed"), BERT, [*BERT_PACKED, f"train.max_steps={steps}"])
     return unpacked, packed

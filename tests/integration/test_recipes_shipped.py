@@ -33,7 +33,11 @@ def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
     assert summary["backend"] == "xla-cpu" and summary["steps"] == STEPS
     assert summary["unexpected_graphs"] == 0, summary["unexpected"]
     assert summary["grad_accum"] == recipe.train.grad_accum
-    assert summary["effective_batch"] == recipe.data.batch_size * recipe.train.grad_accum
+    packed = summary["bucket_mode"] == "packed"  # data.packing: auto, rows holding about data.batch_size samples
+    batch = summary["per_worker_batch"] if packed else recipe.data.batch_size
+    assert batch <= recipe.data.batch_size and summary["effective_batch"] == batch * recipe.train.grad_accum
+    if recipe_path.stem.startswith("tiny-"):  # as shipped, the tiny recipes pack: under 5 % padding
+        assert packed and summary["padding_fraction"] < 0.05, summary["padding_fraction"]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps[-1] == STEPS, steps
     assert summary["final_loss"] == summary["final_loss"] and summary["final_loss"] > 0  # finite, not NaN

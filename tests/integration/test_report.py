@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import REPO, read_json, read_metrics, run_cli, start_cli
+from conftest import REPO, cli_in_process, read_json, read_metrics, run_cli, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,26 @@ def test_compare_another_learning_rate_exits_1_and_prices_the_tokens(runs, tmp_p
     b = read_json(tmp_path / "c.json")["runs"][1]
     summary = read_json(runs["eager-lr"] / "summary.json")
     assert b["usd_per_million_tokens"] == pytest.approx(21.50 / (summary["tokens_per_second"] * 3600) * 1e6)
+
+
+def _without_eval(run: Path, out: Path) -> str:
+    """A copy of a run as train.eval_at_end=false leaves it (a GPU reference run often does): no eval_loss."""
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns("checkpoints", "model"))
+    summary = read_json(out / "summary.json")
+    summary.update(eval_loss=None, eval_accuracy=None)
+    (out / "summary.json").write_text(json.dumps(summary))
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "eval_loss" not in r]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(out)
+
+
+def test_compare_without_eval_judges_the_training_losses(runs, tmp_path, capsys):
+    eager, xla, lr = (_without_eval(runs[n], tmp_path / n) for n in ("eager", "xla", "eager-lr"))
+    code, out, err = cli_in_process(capsys, "compare", eager, xla, "--tolerance", "1e-4")
+    assert code == 0, out + err
+    assert "metric: train_loss (run A and run B have no eval_loss" in out and "within tolerance" in out
+    code, out, err = cli_in_process(capsys, "compare", eager, lr)
+    assert code == 1 and "BEYOND tolerance" in out, out + err
 
 
 def test_compare_another_model_exits_2_naming_why(runs):

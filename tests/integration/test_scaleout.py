@@ -37,6 +37,8 @@ LLAMA_ARGS = [
     "checkpoint.every=4",
     "--set",
     "data.buckets=[128]",
+    "--set",
+    "data.packing=off",  # one worker of 16 samples and two of 8: the same global batch
 ]
 
 

@@ -26,6 +26,7 @@ LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
 STANDIN = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "standin" / "nxd"), os.environ.get("PYTHONPATH", "")])}
 SETTINGS = ["train.log_every=1", "train.schedule.warmup_steps=1", "train.max_steps=3", "checkpoint.every=2"]
 SETTINGS += ["data.train_samples=64", "data.max_length=64", "data.buckets=[64]", "train.max_grad_norm=0.1"]
+SETTINGS += ["data.packing=off"]  # the tensor-parallel workers and the one-worker reference: the same batches
 ARGS = [
     "--no-preflight",
     *(arg for setting in SETTINGS for arg in ("--set", setting)),

@@ -36,6 +36,8 @@ ARGS = [
     "data.max_length=64",
     "--set",
     "data.buckets=[64]",
+    "--set",
+    "data.packing=off",  # resumed on one worker of 16 samples: the same global batch as two of 8
 ]
 ZERO1 = ["--set", "train.zero1=true"]
 NO_EVAL = ["--set", "train.eval_at_end=false"]  # the killed run: its final weights alone are compared

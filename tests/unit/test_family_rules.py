@@ -56,6 +56,9 @@ def test_family_round_trip_through_tp2_is_bit_identical(tmp_path, capsys, family
     if family.model_type == "mixtral":  # experts saved per expert, merged by transformers on load: the model's own
         original = model.state_dict()
     restored = load_file(str(back / "model.safetensors"))
+    if family.model_type != "mixtral":  # the original's keys exactly, as save_pretrained wrote them (embed_out...)
+        assert set(saved) == set(restored), set(saved) ^ set(restored)
+    restored = {name: restored[key] for name, key in loaded_names(list(restored), config).items()}
     assert original.keys() == restored.keys()
     assert all(torch.equal(original[name], restored[name]) for name in original)
     code, out, err = cli_in_process(capsys, "checkpoint", "verify", str(src), str(back), "--logits", str(src))
@@ -245,3 +248,7 @@ def test_inspect_and_verify_take_transformers_renamed_names(tmp_path, capsys):
     assert "mapping_error" not in report and report["not_converted"] == 0
     code, out, _ = cli_in_process(capsys, "checkpoint", "verify", str(src), str(src))
     assert code == 0 and out.rstrip().endswith("EQUAL")
+    # from a GPU folder to a GPU folder, the source's own names
+    migrate(src, tmp_path / "copy", MigrateOptions(to="gpu"))
+    copied = load_file(str(tmp_path / "copy" / "model.safetensors"))
+    assert set(copied) == set(load_file(str(src / "model.safetensors")))

@@ -20,6 +20,7 @@ SMALL = [
     "train.max_steps=8",
     "train.schedule.warmup_steps=1",
     "data.buckets=[32,64,128]",
+    "data.packing=off",  # several buckets: several graphs
 ]
 
 

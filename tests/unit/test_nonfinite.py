@@ -17,7 +17,7 @@ from neurontrain.plan.planning import make_plan
 from neurontrain.recipe import load_recipe
 
 SMALL = ["data.train_samples=160", "data.eval_samples=16", "train.log_every=1", "checkpoint.every=1"]
-SMALL += ["train.schedule.warmup_steps=1", "data.max_length=64"]
+SMALL += ["train.schedule.warmup_steps=1", "data.max_length=64", "data.packing=off"]
 
 
 def _plan(recipe: str, steps: int, *overrides: str):

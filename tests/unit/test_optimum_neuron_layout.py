@@ -185,3 +185,33 @@ def test_xser_shards_are_read_a_tensor_at_a_time(monkeypatch):
     assert shape == (64, 32)
     reader.get("model.layers.1.self_attn.k_proj.weight")
     assert len(loads) == 8 and all(p.name.startswith("tensor_") for p in loads)
+
+
+# TrainingNeuronConfig's fields in optimum-neuron 0.4.5 (models/training/config.py), in order: its save_pretrained
+# writes json.dumps(asdict(trn_config), indent=4) as trn_config.json beside config.json
+TRN_CONFIG_FIELDS = [
+    "tensor_parallel_size", "sequence_parallel_enabled", "kv_size_multiplier", "pipeline_parallel_size",
+    "virtual_pipeline_parallel_size", "pipeline_parallel_num_microbatches", "pipeline_parallel_use_zero1_optimizer",
+    "gradient_checkpointing", "checkpoint_dir", "num_local_ranks_per_step", "use_xser", "async_save", "fuse_qkv",
+    "recompute_causal_mask", "transpose_nki_inputs",
+]  # fmt: skip
+
+
+def test_trn_config_is_written_and_a_family_it_cannot_train_is_said_in_one_line(tmp_path, capsys, migrated):
+    _, fused = migrated("llama-gqa-tp8-fused")
+    written = (fused / "trn_config.json").read_text()
+    trn = json.loads(written)
+    assert list(trn) == TRN_CONFIG_FIELDS and written == json.dumps(trn, indent=4)
+    assert (trn["tensor_parallel_size"], trn["pipeline_parallel_size"], trn["use_xser"], trn["fuse_qkv"]) == (
+        8, 1, True, True,
+    )  # fmt: skip
+    hf, _ = migrated("mistral-tp2")
+    capsys.readouterr()  # the fixture's own migration said it too
+    args = ("checkpoint", "migrate", str(hf), str(tmp_path / "m"), "--to", "neuron", "--tp", "2")
+    code, out, err = cli_in_process(capsys, *args, "--layout", "optimum-neuron", "--no-xser")
+    said = [line for line in err.splitlines() if "no training model for mistral" in line]
+    assert code == 0 and len(said) == 1 and "(only llama, granite, qwen3)" in said[0], err
+    assert json.loads(out)["note"] in said[0]
+    assert json.loads((tmp_path / "m" / "trn_config.json").read_text())["use_xser"] is False
+    code, out, err = cli_in_process(capsys, "checkpoint", "migrate", str(hf), str(tmp_path / "n"), "--to", "neuron")
+    assert code == 0 and "note" not in json.loads(out) and not (tmp_path / "n" / "trn_config.json").exists()

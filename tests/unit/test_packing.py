@@ -147,18 +147,21 @@ def test_a_packed_plan_has_one_row_length_and_little_padding(recipe: str):
     assert plan.expected_graphs() == [("setup",), ("train", length), ("eval", length)]
     assert plan.padding_fraction() <= 0.05
     assert all(b.rows is not None for b in plan.eval_batches)
-    unpacked = _plan(recipe)
+    unpacked = _plan(recipe, "data.packing=off")
     assert plan.packing_summary["unpacked"] == unpacked.packing_summary["unpacked"]
     assert plan.packing_summary["padding_fraction"] < unpacked.packing_summary["unpacked"]["padding_fraction"]
     assert unpacked.packing is None and unpacked.packing_summary["chosen"] is False
 
 
 def test_yaml_on_and_off_are_the_packing_modes_and_off_keeps_old_fingerprints():
-    bare = load_recipe(RECIPES / "tiny-llama-clm.yaml")
+    shipped = load_recipe(RECIPES / "tiny-llama-clm.yaml")
+    assert shipped.data.packing == "auto"  # the shipped recipes pack where the planner proves it safe and cheaper
     assert load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.packing=on"]).data.packing == "on"
     off = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.packing=off"])
-    assert off.data.packing == "off" and off.fingerprint() == bare.fingerprint()
-    assert load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.packing=on"]).fingerprint() != bare.fingerprint()
+    # off leaves the packing settings out of the fingerprint, as before they existed: bucketed runs keep their hash
+    ignored = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.packing=off", "data.max_docs_per_row=3"])
+    assert off.data.packing == "off" and off.fingerprint() == ignored.fingerprint() != shipped.fingerprint()
+    assert load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.packing=on"]).fingerprint() != shipped.fingerprint()
 
 
 def test_auto_packs_where_the_cost_model_says_so_and_says_why():
@@ -181,6 +184,10 @@ def test_auto_packs_where_the_cost_model_says_so_and_says_why():
     )
     assert costly_rows.packing is None and costly_rows.bucket_mode == "auto"
     assert any(note.startswith("data.packing auto: no packing:") for note in costly_rows.notes)
+    # train.global_batch_size counts samples: 32 = 8 x 2 workers x 2 unpacked, so 2 micro-steps of packed rows
+    small = ["data.train_samples=300", "data.eval_samples=20", "train.max_steps=20", "train.global_batch_size=32"]
+    two = make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", small), "eager", world=2)
+    assert two.bucket_mode == "packed" and two.recipe.train.grad_accum == 2 and two.recipe.data.batch_size < 8
 
 
 def test_packing_refuses_a_model_it_cannot_isolate():

@@ -105,7 +105,22 @@ def test_accuracy_differs_absolutely_and_the_cost_uses_the_instance_given():
 )
 def test_runs_that_cannot_be_compared_say_why(changes, why):
     with pytest.raises(NotComparable, match=why):
-        compare((_summary(), _records([1.0])), (_summary(**changes), _records([1.0])))
+        compare((_summary(), _records([1.0])), (_summary(**changes), _records([1.0])), metric="eval_loss")
+
+
+def test_without_a_metric_runs_without_eval_are_judged_on_final_loss_and_curve():
+    evaluated = compare((_summary(), _records([3.0, 2.1])), (_summary(eval_loss=2.0005), _records([3.0, 2.1])))
+    assert (evaluated.metric, evaluated.metric_reason) == ("eval_loss", "both runs have an eval_loss")
+    a = (_summary(eval_loss=None), _records([3.0, 2.1]))
+    same = compare(a, (_summary(eval_loss=None), _records([3.0, 2.1])))
+    assert same.metric == "train_loss" and same.within and same.metric_values == (2.1, 2.1)
+    assert "run A and run B have no eval_loss" in same.metric_reason
+    # the final losses agree but the curves part on the way: beyond the tolerance, as the curve's difference
+    parted = compare(a, (_summary(), _records([3.3, 2.1])))
+    assert "run A has no eval_loss" in parted.metric_reason
+    assert not parted.within and parted.metric_difference == pytest.approx(0.1)
+    lower = compare(a, (_summary(final_loss=2.4, eval_loss=None), _records([3.0, 2.4])))
+    assert not lower.within and lower.metric_difference == pytest.approx(0.3 / 2.1)
 
 
 def test_a_summary_without_fingerprints_is_compared_with_a_note():
@@ -139,6 +154,10 @@ def test_the_commands_refuse_bad_input_in_one_line(tmp_path, capsys):
 
 
 def test_compare_prices_from_the_command_line(tmp_path, capsys):
+    unevaluated = _run_dir(tmp_path / "u", _summary(eval_loss=None), [2.0, 1.0])
+    code, out, _ = cli_in_process(capsys, "compare", unevaluated, unevaluated)
+    assert code == 0 and "metric: train_loss (run A and run B have no eval_loss" in out
+    assert "final training loss: A 2.1, B 2.1, relative difference 0; with the aligned curve's largest, 0" in out
     a = _run_dir(tmp_path / "a", _summary(), [2.0, 1.0])
     json_out = tmp_path / "c.json"
     code, out, _ = cli_in_process(

@@ -85,7 +85,7 @@ def _plan(world: int, *overrides: str):
     from neurontrain.plan.planning import make_plan
     from neurontrain.recipe import load_recipe
 
-    recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.buckets=[64,128]", *overrides])
+    recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["data.buckets=[64,128]", "data.packing=off", *overrides])
     return make_plan(recipe, "xla-cpu", world=world)
 
 

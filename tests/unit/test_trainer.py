@@ -96,7 +96,7 @@ def test_trainer_arguments_are_checked():
 
 
 def test_run_plan_is_keyword_only_and_checks_its_bounds():
-    plan = _plan(2)
+    plan = _plan(2, "data.packing=off")
     n = plan.data.train_samples  # documents longer than data.max_length are split into several samples
     with pytest.raises(TypeError):
         RunPlan(plan.recipe, plan.backend)  # keyword-only
