@@ -2,6 +2,7 @@
 reference cycle (as DDP's reducer and FSDP2's mesh do with the trainer) is collected before the group is
 destroyed, so gloo's worker threads join in `close()`, not during interpreter shutdown."""
 
+import gc
 import os
 
 import torch.distributed as dist
@@ -21,6 +22,7 @@ class _Holder:
 
 
 def test_close_ends_the_threads_of_a_group_held_in_a_reference_cycle():
+    gc.collect()  # an earlier test's garbage (a TCPStore's thread) would go in close()'s collection and skew the count
     before = _threads()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     _Holder(dist.group.WORLD)  # garbage, but only the cycle collector frees it
