@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from neurontrain.compile.neuron_runtime import prepare_runtime
 from neurontrain.lightning import internals, runtime
+from neurontrain.lightning.attention import static_masks
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
 from neurontrain.lightning.plan import choose_plan, eval_loader_rows
 from neurontrain.lightning.session import Session
@@ -120,6 +121,7 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         self.session.start(buckets, mode, trainer.accumulate_grad_batches, evaluates, rows)
         if self.session.precompile is not None:
             self.session.precompile.begin(trainer, buckets)
+        static_masks(self.lightning_module)
         runtime.settle_parameters(self.lightning_module)
         for optimizer in self.optimizers:
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
@@ -156,7 +158,8 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         self.session.sync("bookkeeping")
 
     def _settle(self) -> None:
-        for metric, name, tensor in internals.metric_states(self.lightning_module.trainer):
+        module = self.lightning_module
+        for metric, name, tensor in internals.metric_states(module.trainer, module):
             data = runtime.as_data(tensor)
             if data is not None:
                 setattr(metric, name, data)
