@@ -10,8 +10,11 @@ Tested with Lightning 2.6 (the `lightning` extra pins that minor).
   torchmetrics object, `_ResultMetric.value`, and on the module's own torchmetrics objects): a metric registered
   by the first `self.log`, or reset after a validation run or an epoch (`default.clone()`), holds its states as
   pending references to device data, which the next sync would add to the step's graph as extra outputs (a
-  graph variant on the first step and after every validation). `metric_states` lists them; the strategy
-  swaps each such reference for the data it refers to (`runtime.as_data`: no graph, no read).
+  graph variant on the first step and after every validation). `result_states` lists a logged tensor's; the
+  strategy swaps each such reference for the data it refers to (`runtime.as_data`: no graph, no read). A
+  torchmetrics object's (`torchmetrics_objects`) reset states are given fresh buffers from host copies of its
+  `_defaults` instead: its `forward` reads the defaults in every step, and a state sharing a default's buffer
+  would feed one buffer to the step's graph twice (another compiled module).
 - `trainer._results` at the end of a validation or training epoch: each epoch-level `_ResultMetric`'s value (a
   logged tensor's mean, a logged torchmetrics object's `compute()`) is computed
   (`_ResultCollection._get_cache(metric, on_step=False)`, which caches it in `metric._computed`), synced as
@@ -110,19 +113,24 @@ def _loop_results(trainer: Any) -> list[Any]:
     return [r for r in (epoch_loop._results, epoch_loop.val_loop._results) if r is not None]
 
 
-def metric_states(trainer: Any, module: Any) -> list[tuple[Any, str, Any]]:
-    """(metric, state name, tensor) of every tensor state of the train and validation loops' logged metrics (a
-    logged tensor's own states, a logged torchmetrics object's) and of the module's torchmetrics objects."""
-    metrics = {}
+def result_states(trainer: Any) -> list[tuple[Any, str, Any]]:
+    """(metric, state name, tensor) of every tensor state of the train and validation loops' logged tensors."""
+    out = []
     for results in _loop_results(trainer):
         for metric in results.values():
-            owner = metric if getattr(metric, "is_tensor", False) else getattr(metric, "value", None)
-            if isinstance(owner, torchmetrics.Metric):
-                metrics[id(owner)] = owner
+            if getattr(metric, "is_tensor", False):
+                out += [(metric, k, getattr(metric, k)) for k in metric._defaults]
+    return [(metric, k, v) for metric, k, v in out if isinstance(v, torch.Tensor)]
+
+
+def torchmetrics_objects(trainer: Any, module: Any) -> list[Any]:
+    """The torchmetrics objects the loops' results hold (`self.log` of a metric object) and the module's own."""
+    found = {}
+    for results in _loop_results(trainer):
+        for metric in results.values():
+            if not getattr(metric, "is_tensor", True) and isinstance(metric.value, torchmetrics.Metric):
+                found[id(metric.value)] = metric.value
     for sub in module.modules():
         if isinstance(sub, torchmetrics.Metric):
-            metrics[id(sub)] = sub
-    out = []
-    for metric in metrics.values():
-        out += [(metric, k, getattr(metric, k)) for k in metric._defaults]
-    return [(metric, k, v) for metric, k, v in out if isinstance(v, torch.Tensor)]
+            found[id(sub)] = sub
+    return list(found.values())

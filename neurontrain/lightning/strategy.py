@@ -93,6 +93,7 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         )
         self.session = session
         self.callback = NeurontrainCallback(session)
+        self._defaults_on_host: dict[int, dict[str, torch.Tensor]] = {}
 
     @property
     def root_device(self) -> torch.device:
@@ -159,10 +160,28 @@ class NeurontrainStrategy(SingleDeviceStrategy):
 
     def _settle(self) -> None:
         module = self.lightning_module
-        for metric, name, tensor in internals.metric_states(module.trainer, module):
+        for metric, name, tensor in internals.result_states(module.trainer):
             data = runtime.as_data(tensor)
             if data is not None:
                 setattr(metric, name, data)
+        for metric in internals.torchmetrics_objects(module.trainer, module):
+            reset = [n for n in metric._defaults if runtime.as_data(getattr(metric, n, None)) is not None]
+            defaults = self._host_defaults(metric) if reset else {}
+            for name in reset:
+                setattr(metric, name, defaults[name].to(self.root_device))
+
+    def _host_defaults(self, metric: Any) -> dict[str, torch.Tensor]:
+        """A torchmetrics object's tensor defaults on the host, read once (one transfer) per object."""
+        cached = self._defaults_on_host.get(id(metric))
+        if cached is None:
+            names = [n for n, v in metric._defaults.items() if isinstance(v, torch.Tensor)]
+            values = [metric._defaults[n] for n in names]
+            on_device = [i for i, v in enumerate(values) if v.device.type == "xla"]
+            host = self.session.backend.to_host([values[i] for i in on_device]) if on_device else []
+            for i, value in zip(on_device, host):
+                values[i] = value
+            cached = self._defaults_on_host[id(metric)] = dict(zip(names, values))
+        return cached
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().training_step(*args, **kwargs)
