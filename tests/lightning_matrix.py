@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -277,7 +278,8 @@ def main() -> None:
     out = Path(args.output_dir)
     steps = {name: args.steps // 2 if name in SHORT else args.steps for name in args.variants}
     results = {name: fit(name, out / name, steps[name]) for name in args.variants}
-    (out / "matrix.json").write_text(json.dumps(results, indent=1))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun (2 workers): rank 0's figures
+        (out / "matrix.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
