@@ -203,7 +203,7 @@ def variant(name: str, out: Path) -> tuple[pl.LightningModule, dict, dict]:
     return module, fit or {"train_dataloaders": train, "val_dataloaders": val}, trainer
 
 
-SHORT = ("on_epoch", "torchmetrics", "huggingface", "datamodule", "encoder")  # N = 5 is an epoch (encoder: 2.5)
+SHORT = ("on_epoch", "torchmetrics", "huggingface", "datamodule")  # N = 5 steps: an epoch
 VARIANTS = ("issue", "no_sanity", "on_epoch", "sync_dist", "torchmetrics", "scheduler", "huggingface")
 VARIANTS += ("datamodule", "limit_val", "encoder")
 
