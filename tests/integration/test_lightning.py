@@ -161,7 +161,10 @@ def test_a_torch_encoder_layer_with_bigger_eval_batches_and_odd_epochs_compiles_
     fit = _matrix(runs)["encoder"]
     summary = fit["summary"]
     assert summary["unexpected_graphs"] == 0, summary["unexpected"]
-    assert fit["at_2n"] == summary["distinct_graphs"] == summary["expected_graphs"] == 6
+    planned, compiled = (set(map(tuple, summary[k])) for k in ("planned_keys", "compiled_keys"))
+    assert summary["expected_graphs"] == 6 and fit["at_n"] == fit["at_2n"]
+    # an earlier fit of the process compiled the same eval-epoch mean (val_loss); every other key compiled here
+    assert planned - {("eval-epoch",)} <= compiled <= planned
     assert fit["epochs"] >= 3  # 5 micro-batches an epoch, accumulation 2
 
 
