@@ -82,25 +82,34 @@ def pad_collate(samples: list[torch.Tensor]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def loaders() -> tuple[DataLoader, DataLoader]:
+    gen = torch.Generator().manual_seed(0)
+    train = DataLoader(Sequences(40, 1), batch_size=8, shuffle=True, collate_fn=pad_collate, generator=gen)
+    return train, DataLoader(Sequences(24, 2), batch_size=16, collate_fn=pad_collate)
+
+
+TRAINER_ARGS = {  # besides neurontrain's and max_steps
+    "accumulate_grad_batches": 2,
+    "gradient_clip_val": 1.0,
+    "val_check_interval": 20,
+    "check_val_every_n_epoch": None,
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-steps", type=int, default=24)
     args = p.parse_args()
     pl.seed_everything(0, verbose=False)
-    gen = torch.Generator().manual_seed(0)
-    train = DataLoader(Sequences(40, 1), batch_size=8, shuffle=True, collate_fn=pad_collate, generator=gen)
-    val = DataLoader(Sequences(24, 2), batch_size=16, collate_fn=pad_collate)
+    train, val = loaders()
     trainer = pl.Trainer(
         **neurontrain.lightning.trainer_args(buckets="auto", recompile_guard="warn", output_dir=args.output_dir),
+        **TRAINER_ARGS,
         max_steps=args.max_steps,
-        accumulate_grad_batches=2,
-        gradient_clip_val=1.0,
-        val_check_interval=20,
-        check_val_every_n_epoch=None,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
         default_root_dir=args.output_dir,
     )
     trainer.fit(Encoder(), train, val)

@@ -57,6 +57,8 @@ class NeurontrainCallback(Callback):
         self.session.deferred = []
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self._steps_at_start and internals.logs_on_epoch(trainer):
+            self.session.plan_epoch_values()
         if self.defer:
             session = self.session
             session.deferred = internals.defer_progress_bar_values(trainer)
@@ -73,6 +75,13 @@ class NeurontrainCallback(Callback):
         if batch_idx + 1 == counts[dataloader_idx]:
             session = self.session
             internals.epoch_values_to_host(trainer, lambda: session.sync("eval-epoch"), session.backend.to_host)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Before Lightning reads the epoch values of what `training_step` logged with on_epoch=True (its logger,
+        the bar, callbacks): computed in one graph and read in one transfer, as after a validation run."""
+        if internals.logs_on_epoch(trainer):
+            session = self.session
+            internals.epoch_values_to_host(trainer, lambda: session.sync("train-epoch"), session.backend.to_host)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         internals.restore_progress_bar_flags(self.session.deferred)

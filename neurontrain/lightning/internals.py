@@ -6,12 +6,17 @@ Tested with Lightning 2.6 (the `lightning` extra pins that minor).
 - `trainer.fit_loop._data_source.dataloader()`: the train DataLoader before the fit loop has loaded it (the
   sanity check's validation batches are padded already, so `buckets="auto"` is chosen before it runs).
 - The train and validation loops' `_results` (`trainer.fit_loop.epoch_loop._results`, `...val_loop._results`)
-  and each tensor `_ResultMetric`'s state names (torchmetrics `Metric._defaults`): a metric registered by the
-  first `self.log`, or reset after a validation run or an epoch (`default.clone()`), holds its states as
+  and each tensor `_ResultMetric`'s state names (torchmetrics `Metric._defaults`, also read on a logged
+  torchmetrics object, `_ResultMetric.value`, and on the module's own torchmetrics objects): a metric registered
+  by the first `self.log`, or reset after a validation run or an epoch (`default.clone()`), holds its states as
   pending references to device data, which the next sync would add to the step's graph as extra outputs (a
-  graph variant on the first step and after every validation). `metric_states` lists them; the strategy
-  swaps each such reference for the data it refers to (`runtime.as_data`: no graph, no read).
-- `trainer._results` at the end of a validation epoch: each epoch-level `_ResultMetric`'s value is computed
+  graph variant on the first step and after every validation). `result_states` lists a logged tensor's; the
+  strategy swaps each such reference for the data it refers to (`runtime.as_data`: no graph, no read). A
+  torchmetrics object's (`torchmetrics_objects`) reset states are given fresh buffers from host copies of its
+  `_defaults` instead: its `forward` reads the defaults in every step, and a state sharing a default's buffer
+  would feed one buffer to the step's graph twice (another compiled module).
+- `trainer._results` at the end of a validation or training epoch: each epoch-level `_ResultMetric`'s value (a
+  logged tensor's mean, a logged torchmetrics object's `compute()`) is computed
   (`_ResultCollection._get_cache(metric, on_step=False)`, which caches it in `metric._computed`), synced as
   one graph, and `_computed` replaced by its host copy (one transfer): Lightning's own `.item()` for the bar
   and ModelCheckpoint's comparisons of the monitored value then run on the host instead of launching graphs.
@@ -30,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torchmetrics
 
 # (object path, attribute) pairs the canary test checks exist
 PRIVATE_ATTRIBUTES = (
@@ -44,6 +50,7 @@ PRIVATE_ATTRIBUTES = (
     ("lightning.pytorch.trainer.connectors.logger_connector.result._ResultCollection", "_get_cache"),
     ("lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric", "_computed"),
     ("lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric", "is_tensor"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric", "value"),
     ("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_results"),
     ("lightning.pytorch.loops.evaluation_loop._EvaluationLoop", "_results"),
     ("torchmetrics.Metric", "_defaults"),
@@ -81,12 +88,12 @@ def restore_progress_bar_flags(deferred: list[tuple[str, Any, Any]]) -> None:
 
 
 def epoch_values_to_host(trainer: Any, sync: Callable[[], None], to_host: Callable[[list], list]) -> None:
-    """Compute the active loop's epoch-level tensor metrics, `sync()` them as one graph, and keep their host
-    copies (one `to_host` transfer) as the values Lightning reads from here on."""
+    """Compute the active loop's epoch-level metrics (logged tensors and torchmetrics objects), `sync()` them as
+    one graph, and keep their host copies (one `to_host` transfer) as the values Lightning reads from here on."""
     results = _results(trainer)
     if results is None:
         return
-    metrics = [m for _, m in results.valid_items() if m.is_tensor and m.meta.on_epoch]
+    metrics = [m for _, m in results.valid_items() if m.meta.on_epoch]
     for metric in metrics:
         results._get_cache(metric, False)
     sync()
@@ -95,16 +102,35 @@ def epoch_values_to_host(trainer: Any, sync: Callable[[], None], to_host: Callab
         metric._computed = value
 
 
+def logs_on_epoch(trainer: Any) -> bool:
+    """Whether the active loop's results hold a metric logged with `on_epoch=True` (computed when its epoch ends)."""
+    results = _results(trainer)
+    return results is not None and any(m.meta.on_epoch for m in results.values())
+
+
 def _loop_results(trainer: Any) -> list[Any]:
     epoch_loop = trainer.fit_loop.epoch_loop
     return [r for r in (epoch_loop._results, epoch_loop.val_loop._results) if r is not None]
 
 
-def metric_states(trainer: Any) -> list[tuple[Any, str, Any]]:
-    """(metric, state name, tensor) of every tensor state of the train and validation loops' logged metrics."""
+def result_states(trainer: Any) -> list[tuple[Any, str, Any]]:
+    """(metric, state name, tensor) of every tensor state of the train and validation loops' logged tensors."""
     out = []
     for results in _loop_results(trainer):
         for metric in results.values():
             if getattr(metric, "is_tensor", False):
                 out += [(metric, k, getattr(metric, k)) for k in metric._defaults]
-    return out
+    return [(metric, k, v) for metric, k, v in out if isinstance(v, torch.Tensor)]
+
+
+def torchmetrics_objects(trainer: Any, module: Any) -> list[Any]:
+    """The torchmetrics objects the loops' results hold (`self.log` of a metric object) and the module's own."""
+    found = {}
+    for results in _loop_results(trainer):
+        for metric in results.values():
+            if not getattr(metric, "is_tensor", True) and isinstance(metric.value, torchmetrics.Metric):
+                found[id(metric.value)] = metric.value
+    for sub in module.modules():
+        if isinstance(sub, torchmetrics.Metric):
+            found[id(sub)] = sub
+    return list(found.values())

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ParallelStrategy
 
+from neurontrain.lightning import runtime
 from neurontrain.lightning.session import Session
 from neurontrain.lightning.strategy import NeurontrainStrategy, PJRTAccelerator
 from neurontrain.loop.dataparallel import DataParallel
@@ -47,6 +48,11 @@ def loss_items(batch: Any, ignore: int | float) -> int:
     return int(first.shape[0]) if first is not None and first.dim() else 0
 
 
+def _is_mean(reduce_op: Any) -> bool:
+    """ "mean", "avg", ReduceOp.AVG: a mean; "sum", ReduceOp.SUM: a sum."""
+    return not str(reduce_op).lower().endswith("sum")
+
+
 class NeurontrainDataParallelStrategy(NeurontrainStrategy, ParallelStrategy):
     """The single-device strategy's syncs, padding and guard on each torchrun worker, plus the host all-reduce
     of the gradients and Lightning's collectives over gloo."""
@@ -58,6 +64,8 @@ class NeurontrainDataParallelStrategy(NeurontrainStrategy, ParallelStrategy):
         self.dp, self.timeout = dp, timeout
         self.window_items = 0  # loss items of this worker's micro-batches since the last optimizer step
         self.window_start = 0  # where this window's losses start in the session's
+        self.in_step = False  # inside training_step / validation_step: a reduce there is a logged step value
+        self.step_values: list[tuple[torch.Tensor, Any]] = []  # (value, reduce op) logged with sync_dist this step
 
     # -- where this worker stands ----------------------------------------------------------------------------
     @property
@@ -127,13 +135,52 @@ class NeurontrainDataParallelStrategy(NeurontrainStrategy, ParallelStrategy):
         return holder[0]
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        """Sum (or mean) over the workers of a tensor's host value; anything else unchanged."""
+        """Sum (or mean) over the workers of a tensor's host value; anything else unchanged. A value logged with
+        `sync_dist=True` inside a step is reduced after the step's sync instead, with the step's other such values
+        (`reduce_step_values`): read here, it would launch the step's graph so far, a hidden host sync per key."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        host = self.session.backend.to_host([tensor])[0] if tensor.device.type == "xla" else tensor
-        total = self.dp.all_reduce_host(host.detach().clone().to(torch.float64))
-        mean = not str(reduce_op).lower().endswith("sum")  # "mean", "avg", ReduceOp.AVG; "sum", ReduceOp.SUM
-        return (total / self.dp.world if mean else total).to(host.dtype)
+        if self.in_step and tensor.device.type == "xla":
+            self.step_values.append((tensor, reduce_op))
+            return tensor
+        if tensor.device.type == "xla":  # an epoch's state (Lightning reduces a clone): the data it refers to
+            data = runtime.as_data(tensor)
+            tensor = self.session.backend.to_host([data if data is not None else tensor])[0]
+        total = self.dp.all_reduce_host(tensor.detach().clone().to(torch.float64))
+        return (total / self.dp.world if _is_mean(reduce_op) else total).to(tensor.dtype)
+
+    def reduce_step_values(self) -> None:
+        """The step's `sync_dist` values (computed by now) read in one transfer, reduced over the workers in one
+        collective, and written back in place (host data: Lightning's later reads of them read no device)."""
+        values, self.step_values = self.step_values, []
+        if not values:
+            return
+        host = self.session.backend.to_host([t for t, _ in values])
+        total = self.dp.all_reduce_host(torch.stack([h.detach().reshape(()).to(torch.float64) for h in host]))
+        for (tensor, op), h, reduced in zip(values, host, total):
+            with torch.no_grad():
+                tensor.copy_((reduced / self.dp.world if _is_mean(op) else reduced).to(h.dtype).reshape(h.shape))
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.in_step = True
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            self.in_step = False
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = super().backward(closure_loss, optimizer, *args, **kwargs)  # its sync computed the step's values
+        self.reduce_step_values()
+        return out
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.in_step = True
+        try:
+            out = super().validation_step(*args, **kwargs)
+        finally:
+            self.in_step = False
+        self.reduce_step_values()
+        return out
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         votes = int(self.dp.all_reduce_host(torch.tensor([float(bool(decision))], dtype=torch.float64))[0])

@@ -9,18 +9,13 @@ the integration's own syncs, so a launch made elsewhere (an `.item()` on a pendi
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from neurontrain.backends import Backend, select_backend
 
 
 def xla_backend() -> Backend:
-    """The toolkit's backend for this host: neuron when available, else xla-cpu (never eager or native).
-
-    XLA_NO_SPECIAL_SCALARS=1: the scalars 0 and 1 (a metric state's initial 0, a learning rate that reaches
-    0) are graph inputs like any other value, not constants baked into a graph of their own."""
-    os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
+    """The toolkit's backend for this host: neuron when available, else xla-cpu (never eager or native)."""
     backend = select_backend("auto")
     if not backend.is_xla:
         backend = select_backend("xla-cpu")
@@ -28,12 +23,20 @@ def xla_backend() -> Backend:
 
 
 def configure() -> None:
-    """Before the first graph: no device-data cache for scalars copied to the device. The cache gives equal
-    scalars one shared buffer, and a graph that receives one buffer twice compiles differently from the same
-    graph with two (measured: Lightning's first logged eval batch, whose fresh metric states are such scalars,
-    compiled a graph of its own)."""
+    """Before the first graph, two process-wide torch-xla settings.
+
+    No special scalars: 0 and 1 copied to the device (a fresh metric state's 0, a step count, a learning rate
+    factor of 1) are device data like any other value, not constants traced into the graph that uses them. A
+    constant is a graph node, so a step that adds to a fresh state traces another graph than a step that adds to
+    the state a previous step left (measured: Lightning's first logged train and eval batches each compiled a
+    graph of their own). Set here, not through XLA_NO_SPECIAL_SCALARS, which torch-xla reads once when it is
+    imported: a script that imports torch_xla before the Trainer is built would not see it.
+
+    No device-data cache for scalars: it gives equal scalars one shared buffer, and a graph that receives one
+    buffer twice compiles differently from the same graph with two (measured: the first logged eval batch)."""
     import torch_xla  # lazy: importing torch_xla starts a runtime
 
+    torch_xla._XLAC._set_xla_handle_special_scalars(False)
     torch_xla._XLAC._set_xla_enable_device_data_cache(False)
 
 

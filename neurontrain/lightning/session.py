@@ -99,6 +99,15 @@ class Session:
         }
         log.info(f"lightning: buckets {buckets} ({mode}), {len(self.keys)} planned graphs")
 
+    def plan_epoch_values(self) -> None:
+        """The module logs values on_epoch in training: their epoch means are one more graph (`train-epoch`),
+        planned when the first training batch has logged them, before any epoch ends."""
+        key = ("train-epoch",)
+        if key not in self.keys:
+            self.keys.append(key)
+            if self.guard is not None:
+                self.guard.expected.add(key)
+
     # -- batches ----------------------------------------------------------------------------------------------
     def pad(self, batch: Any, training: bool, loader_rows: int | None = None) -> Any:
         """The host batch padded to its bucket; records its shapes for the guard and tokens for the summary.
@@ -134,7 +143,11 @@ class Session:
     # -- syncs ------------------------------------------------------------------------------------------------
     def sync(self, kind: str) -> None:
         """Cut the pending graph of this kind of step and let the guard check what compiled."""
-        key = (kind,) if kind in ("setup", "optimizer", "eval-epoch", "bookkeeping") else (kind, self.length)
+        key = (
+            (kind,)
+            if kind in ("setup", "optimizer", "eval-epoch", "train-epoch", "bookkeeping")
+            else (kind, self.length)
+        )
         if self.precompile is not None:
             launched = self.precompile.sync(key, self.shapes if len(key) > 1 else {}, runtime.sync)
         else:

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from neurontrain.compile.neuron_runtime import prepare_runtime
 from neurontrain.lightning import internals, runtime
+from neurontrain.lightning.attention import static_masks
 from neurontrain.lightning.callback import NeurontrainCallback, install_callbacks
 from neurontrain.lightning.plan import choose_plan, eval_loader_rows
 from neurontrain.lightning.session import Session
@@ -92,6 +93,7 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         )
         self.session = session
         self.callback = NeurontrainCallback(session)
+        self._defaults_on_host: dict[int, dict[str, torch.Tensor]] = {}
 
     @property
     def root_device(self) -> torch.device:
@@ -120,6 +122,7 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         self.session.start(buckets, mode, trainer.accumulate_grad_batches, evaluates, rows)
         if self.session.precompile is not None:
             self.session.precompile.begin(trainer, buckets)
+        static_masks(self.lightning_module)
         runtime.settle_parameters(self.lightning_module)
         for optimizer in self.optimizers:
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
@@ -156,10 +159,29 @@ class NeurontrainStrategy(SingleDeviceStrategy):
         self.session.sync("bookkeeping")
 
     def _settle(self) -> None:
-        for metric, name, tensor in internals.metric_states(self.lightning_module.trainer):
+        module = self.lightning_module
+        for metric, name, tensor in internals.result_states(module.trainer):
             data = runtime.as_data(tensor)
             if data is not None:
                 setattr(metric, name, data)
+        for metric in internals.torchmetrics_objects(module.trainer, module):
+            reset = [n for n in metric._defaults if runtime.as_data(getattr(metric, n, None)) is not None]
+            defaults = self._host_defaults(metric) if reset else {}
+            for name in reset:
+                setattr(metric, name, defaults[name].to(self.root_device))
+
+    def _host_defaults(self, metric: Any) -> dict[str, torch.Tensor]:
+        """A torchmetrics object's tensor defaults on the host, read once (one transfer) per object."""
+        cached = self._defaults_on_host.get(id(metric))
+        if cached is None:
+            names = [n for n, v in metric._defaults.items() if isinstance(v, torch.Tensor)]
+            values = [metric._defaults[n] for n in names]
+            on_device = [i for i, v in enumerate(values) if v.device.type == "xla"]
+            host = self.session.backend.to_host([values[i] for i in on_device]) if on_device else []
+            for i, value in zip(on_device, host):
+                values[i] = value
+            cached = self._defaults_on_host[id(metric)] = dict(zip(names, values))
+        return cached
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().training_step(*args, **kwargs)

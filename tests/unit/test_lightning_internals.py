@@ -53,3 +53,38 @@ def test_progress_bar_deferral_round_trip_on_a_real_result_collection():
     metric = next(iter(results.values()))
     assert isinstance(metric, _ResultMetric) and isinstance(metric.meta, _Metadata)
     assert set(metric._defaults) >= {"value"}
+
+
+def _trainer_with(results: _ResultCollection):
+    from types import SimpleNamespace
+
+    epoch_loop = SimpleNamespace(_results=results, val_loop=SimpleNamespace(_results=None))
+    return SimpleNamespace(_results=results, fit_loop=SimpleNamespace(epoch_loop=epoch_loop))
+
+
+def test_logged_tensors_and_torchmetrics_objects_are_found_and_their_epoch_values_computed():
+    """What the strategy settles before a step (a logged tensor's states; every torchmetrics object, logged or
+    the module's own, once each) and what an epoch's end computes (tensors and torchmetrics objects alike)."""
+    import torchmetrics
+
+    results = _ResultCollection(training=True)
+    module = torch.nn.Module()
+    module.acc, module.unlogged = torchmetrics.MeanMetric(), torchmetrics.SumMetric()
+    module.acc.update(torch.tensor([1.0, 3.0]))
+    results.log("training_step", "loss", torch.tensor(2.0), on_step=True, on_epoch=True, batch_size=4)
+    results.log("training_step", "acc", module.acc, on_step=False, on_epoch=True)
+    trainer = _trainer_with(results)
+    states = {(type(m).__name__, name) for m, name, _ in internals.result_states(trainer)}
+    assert states == {("_ResultMetric", "value"), ("_ResultMetric", "cumulated_batch_size")}
+    objects = internals.torchmetrics_objects(trainer, module)
+    assert len(objects) == 2 and module.acc in objects and module.unlogged in objects
+    assert internals.logs_on_epoch(trainer)
+    synced = []
+    internals.epoch_values_to_host(trainer, lambda: synced.append(True), lambda tensors: tensors)
+    assert synced == [True]
+    computed = sorted(float(m._computed) for m in results.values())
+    assert computed == [2.0, 2.0]  # the loss's mean over its batch, the metric's compute()
+    # control: a collection logged on step only has no epoch values
+    step_only = _ResultCollection(training=True)
+    step_only.log("training_step", "loss", torch.tensor(2.0), on_step=True, on_epoch=False)
+    assert not internals.logs_on_epoch(_trainer_with(step_only))
