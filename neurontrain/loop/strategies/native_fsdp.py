@@ -22,6 +22,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,22 +46,28 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class NativeFSDP(NativeDataParallel):
     """AdamW over this worker's shards of every parameter; gradients reduce-scattered by FSDP2."""
 
-    def __init__(self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> None:
+    def __init__(
+        self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel, mesh: Any = None
+    ) -> None:
+        """mesh: the data-parallel mesh to shard over (FSDP x TP: the "dp" dimension of the 2D mesh, a model
+        already sharded on its "tp" dimension); a mesh of one worker shards nothing."""
         from torch.distributed.device_mesh import init_device_mesh  # lazy: only FSDP2 builds a device mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # lazy: as above
 
-        mesh = init_device_mesh(backend.device.type, (dp.world,))
+        mesh = mesh if mesh is not None else init_device_mesh(backend.device.type, (dp.world,))
         bf16 = recipe.train.precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-        for layer in transformer_layers(model):
-            fully_shard(layer, **options)
-        fully_shard(model, **options)
+        if mesh.size() > 1:
+            for layer in transformer_layers(model):
+                fully_shard(layer, **options)
+            fully_shard(model, **options)
         self.model = model
         super().__init__(recipe, model, backend, dp, host=False)  # AdamW over the sharded parameters
 
     def accumulating(self, more_to_come: bool) -> contextlib.AbstractContextManager:
-        self.model.set_requires_gradient_sync(not more_to_come)
+        if hasattr(self.model, "set_requires_gradient_sync"):  # an FSDP2 module (not so under TP alone)
+            self.model.set_requires_gradient_sync(not more_to_come)
         return contextlib.nullcontext()
 
     def state_dict(self) -> dict:
