@@ -25,6 +25,7 @@ import torch
 
 from neurontrain.errors import UsageError
 
+PARTIAL_GRADIENTS = "replicated_with_grad_allreduce"  # transformers' style of a replicated module fed a TP slice
 MESH_DIMS = ("dp", "tp")  # ranks laid out [dp, tp]: the TP ranks of a data-parallel replica are contiguous
 
 
@@ -67,16 +68,39 @@ def device_mesh(device_type: str, dp: int, tp: int) -> Any:
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=MESH_DIMS)
 
 
-def parallelize(model: torch.nn.Module, tp_mesh: Any) -> None:
+def parallelize(model: torch.nn.Module, tp_mesh: Any) -> list[torch.nn.Module]:
     """Shard the model in place over `tp_mesh` by its plan; weights tied before stay tied (the embedding and
-    the head share the one sharded parameter)."""
+    the head share the one sharded parameter). Returns the modules whose parameters' gradients are partial
+    sums over the TP ranks ("replicated_with_grad_allreduce": Qwen3's per-head norms), which the caller sums
+    once a step. transformers' style sums them in a gradient hook it registers at the first forward (its
+    parameters are placeholders before): under torch.compile that registration is state the graph guards on
+    (measured: a recompile at the second step), and with accumulation it would sum each micro-batch's sum
+    again."""
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism  # lazy: see _distributed_config
 
     plan = resolved_plan(model, tp_mesh.size())
     tied = _tied_pairs(model)
-    apply_tensor_parallelism(model, tp_mesh, plan)
+    modules = dict(model.named_modules())
+    # a tied head's weight is the embedding's parameter (named once): sharded as the embedding's, then re-tied
+    known = {name for name, _ in model.named_parameters()} | set(modules)
+    partial = [modules[name] for name, style in plan.items() if style == PARTIAL_GRADIENTS and name in modules]
+    kept = {name: style for name, style in plan.items() if name in known and style != PARTIAL_GRADIENTS}
+    apply_tensor_parallelism(model, tp_mesh, kept)
     for (owner, name), (source, source_name) in tied:
         setattr(owner, name, getattr(source, source_name))
+    return partial
+
+
+def sum_partial_gradients(modules: list[torch.nn.Module], tp_group: Any) -> None:
+    """Sum the gradients of `modules`' parameters over the TP ranks, in place (each worker's own slice when
+    FSDP2 shards them too: the TP ranks of a replica hold the same slices)."""
+    import torch.distributed as dist
+
+    for module in modules:
+        for param in module.parameters():
+            if param.grad is not None:
+                grad = param.grad
+                dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=tp_group)
 
 
 def _tied_pairs(model: torch.nn.Module) -> list[tuple[tuple[Any, str], tuple[Any, str]]]:

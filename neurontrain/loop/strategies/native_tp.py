@@ -17,7 +17,7 @@ import torch
 from neurontrain.backends import Backend
 from neurontrain.loop.strategies.native_fsdp import NativeFSDP
 from neurontrain.loop.tp_workers import TensorParallelWorkers
-from neurontrain.parallel.native_tp import clip_grad_norm, parallelize
+from neurontrain.parallel.native_tp import clip_grad_norm, parallelize, sum_partial_gradients
 from neurontrain.plan.planning import RunPlan
 
 TP_DEGREE = "native_tensor_parallel"  # in a checkpoint's optimizer entry: the TP degree that wrote it
@@ -29,9 +29,17 @@ class NativeTensorParallel(NativeFSDP):
     clip = staticmethod(clip_grad_norm)
 
     def __init__(self, plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: TensorParallelWorkers) -> None:
-        parallelize(model, dp.mesh["tp"])
-        self.tp = dp.tp
+        self.partial = parallelize(model, dp.mesh["tp"])
+        self.tp, self.tp_group = dp.tp, dp.mesh["tp"].get_group()
         super().__init__(plan.recipe, model, backend, dp, mesh=dp.mesh["dp"])
+
+    def step(self, micro_losses: list[torch.Tensor], items: int) -> tuple[torch.Tensor, float]:
+        sum_partial_gradients(self.partial, self.tp_group)
+        return super().step(micro_losses, items)
+
+    def device_step(self) -> None:
+        sum_partial_gradients(self.partial, self.tp_group)
+        super().device_step()
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), TP_DEGREE: self.tp}

@@ -18,8 +18,9 @@ from neurontrain.plan.planning import RunPlan
 
 def build_strategy(plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> Strategy:
     """The optimizer of a run: ZeRO-1 when train.zero1 is true and there is more than one worker (with one,
-    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards (NxD's layers, or DTensors on native workers); on
-    native workers, DDP or FSDP2 (parallel.fsdp)."""
+    there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards
+    (NxD's layers; on native workers DTensors, with FSDP2 over them under parallel.fsdp); on native workers,
+    DDP or FSDP2 (parallel.fsdp)."""
     if plan.tp > 1 and backend.is_native:
         return NativeTensorParallel(plan, model, backend, dp)
     if plan.tp > 1:
