@@ -1,13 +1,22 @@
 """Native tensor parallel's pure parts: which families transformers has a plan for (the others refused in one line
-naming the family), tied weights kept tied through sharding, and how often a gradient's values are counted in the
-clipping norm. The training itself: tests/integration/test_native_tp.py."""
+naming the family), tied weights kept tied through sharding, how often a gradient's values are counted in the
+clipping norm; the memory planner's native TP and FSDP x TP candidates and the mesh `run --dry-run` shows. The
+training itself: tests/integration/test_native_tp.py."""
 
 import pytest
 import torch
+from conftest import RECIPES
 from families import tiny_config
 
+from neurontrain.data.sources import prepare_data
 from neurontrain.errors import UsageError
+from neurontrain.model.build import build_config
+from neurontrain.parallel.memory_choice import Pins, native_candidates
 from neurontrain.parallel.native_tp import _replicas, _tied_pairs, resolved_plan
+from neurontrain.plan.description import describe_plan
+from neurontrain.plan.memory_inputs import model_shape
+from neurontrain.plan.planning import make_plan
+from neurontrain.recipe import load_recipe
 
 
 def _meta(model_type: str, **overrides) -> torch.nn.Module:
@@ -62,3 +71,46 @@ def test_each_slice_of_a_gradient_counts_once_in_the_norm():
     assert _replicas(_DTensorLike(_Mesh(2), Shard(0)), 4) == 2  # FSDP2's slice, the same on both TP ranks
     assert _replicas(_DTensorLike(_Mesh(2, 2), Shard(0), Shard(0)), 4) == 1  # FSDP2 x TP
     assert _replicas(_DTensorLike(_Mesh(2, 2), Shard(0), Replicate()), 4) == 2
+
+
+BIG = [  # a 0.8B-parameter Llama: DP does not fit 12 GiB a core in fp32, TP 2 does
+    "model.config.hidden_size=2048",
+    "model.config.intermediate_size=8192",
+    "model.config.num_hidden_layers=16",
+    "model.config.num_attention_heads=32",
+    "model.config.num_key_value_heads=8",
+    "train.activation_checkpointing=none",
+    "data.batch_size=2",
+    "data.train_samples=64",
+    "runtime.device_memory_gib=12",
+]
+
+
+@pytest.mark.parametrize(
+    ("world", "fsdp", "layout", "label"),
+    [(2, False, "TP 2", "DP + TP 2"), (4, True, "FSDP 2 x TP 2", "FSDP + TP 2")],
+)
+def test_the_memory_planner_offers_tp_where_dp_does_not_fit_and_the_plan_shows_the_mesh(world, fsdp, layout, label):
+    recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", [*BIG, f"parallel.fsdp={str(fsdp).lower()}"])
+    if fsdp:  # at 4 workers FSDP alone fits 12 GiB: a smaller core makes TP needed
+        recipe = load_recipe(
+            RECIPES / "tiny-llama-clm.yaml", [*BIG, "parallel.fsdp=true", "runtime.device_memory_gib=4.8"]
+        )
+    plan = make_plan(recipe, "native", world=world)
+    assert plan.memory.choice.config.label() == label and plan.memory.tried[0].config.tp == 1
+    assert not plan.memory.tried[0].fits and plan.tp == 2
+    assert describe_plan(plan)["mesh"] == {"dp": world // 2, "tp": 2, "fsdp": fsdp, "layout": layout}
+
+
+def test_native_tp_degrees_split_whole_key_value_heads_and_fsdp_x_tp_needs_replicas_sharded():
+    recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", ["parallel.fsdp=true"])  # 8 heads, 2 KV heads
+    shape = model_shape(recipe, build_config(recipe, prepare_data(recipe).tokenizer))
+    configs = native_candidates(shape, 4, Pins(fsdp=True), tp_available=True)
+    assert [c.label() for c in configs] == [
+        "FSDP",
+        "FSDP + checkpointing every_4" if shape.layers > 4 else "FSDP + checkpointing full",
+        "FSDP + TP 2",
+        "FSDP + checkpointing full + TP 2",
+    ]
+    assert all(c.tp in (1, 2) for c in native_candidates(shape, 4, Pins(fsdp=False), tp_available=True))
+    assert not any(c.tp == 2 for c in native_candidates(shape, 4, Pins(fsdp=False), tp_available=True))
