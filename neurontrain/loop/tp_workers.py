@@ -37,6 +37,11 @@ class TensorParallelWorkers(DataParallel):
     def is_master(self) -> bool:
         return self.global_rank == 0
 
+    @property
+    def world_group(self) -> Any:
+        """The gloo group over every worker (None: the default group, which is gloo)."""
+        return self._world_group
+
     def barrier(self) -> None:
         dist.barrier(group=self._world_group)
 

@@ -63,6 +63,8 @@ class NativeFSDP(NativeDataParallel):
                 fully_shard(layer, **options)
             fully_shard(model, **options)
         self.model = model
+        # DCP's group: every worker writes its own shards (under TP the data-parallel group is not all of them)
+        self.checkpoint_group = getattr(dp, "world_group", dp.host_group)
         super().__init__(recipe, model, backend, dp, host=False)  # AdamW over the sharded parameters
 
     def accumulating(self, more_to_come: bool) -> contextlib.AbstractContextManager:
@@ -96,7 +98,8 @@ class NativeFSDP(NativeDataParallel):
         import torch.distributed.checkpoint as dcp  # lazy: see export_state
 
         def write(directory: Path) -> None:
-            dcp.save(self._sharded_state(), checkpoint_id=str(directory / SHARDS_DIR), process_group=self.dp.host_group)
+            shards = str(directory / SHARDS_DIR)
+            dcp.save(self._sharded_state(), checkpoint_id=shards, process_group=self.checkpoint_group)
             if self.dp.is_master:
                 config = json.loads(self.model.config.to_json_string())
                 (directory / SHARDS_DIR / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -111,8 +114,8 @@ class NativeFSDP(NativeDataParallel):
 
         if checkpoint is None:  # `run --init-from`: a whole AdamW state, numbered as the unsharded model's
             raise UsageError(
-                "--init-from with parallel.fsdp: AdamW's starting state is not loaded into FSDP2's shards; add "
-                "--init-from-weights-only (the weights load before sharding)"
+                "--init-from with parallel.fsdp or native parallel.tp: AdamW's starting state is not loaded into "
+                "the shards; add --init-from-weights-only (the weights load before sharding)"
             )
         if FSDP_WORLD not in saved:
             raise UsageError(
@@ -120,7 +123,7 @@ class NativeFSDP(NativeDataParallel):
                 "parallel.fsdp=false, or start this run in another --output-dir"
             )
         state = self._sharded_state()
-        dcp.load(state, checkpoint_id=str(checkpoint / SHARDS_DIR), process_group=self.dp.host_group)
+        dcp.load(state, checkpoint_id=str(checkpoint / SHARDS_DIR), process_group=self.checkpoint_group)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         if scheduler is not None:
             self.scheduler.load_state_dict(scheduler)
