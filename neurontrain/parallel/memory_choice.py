@@ -172,12 +172,8 @@ def gib(n: int) -> str:
 
 
 def _config_dict(config: Config) -> dict:
-    return {
-        "zero1": config.zero1,
-        "fsdp": config.fsdp,
-        "activation_checkpointing": config.checkpointing,
-        "tp": config.tp,
-    }
+    out = {"zero1": config.zero1, "activation_checkpointing": config.checkpointing, "tp": config.tp}
+    return {**out, "fsdp": True} if config.fsdp else out  # the native backend's FSDP2
 
 
 def _short(config: Config) -> str:
