@@ -48,6 +48,15 @@ def native_tp_degrees(model: ModelShape, world: int) -> list[int]:
     return [t for t in tp_degrees(model, world) if model.heads % t == 0 and model.kv_heads % t == 0]
 
 
+def native_estimate(model: ModelShape, work: Workload, config: Config, target: Target) -> Estimate:
+    """`estimate`, but a family whose shapes the migrate rules do not shard at `config.tp` (transformers' plan
+    trains it all the same: Mixtral's experts) is counted unsharded: an upper bound."""
+    if config.tp > 1 and sharding_spec(model, config.tp) is None:
+        whole = estimate(model, work, replace(config, tp=1), target)
+        return Estimate(config, whole.bytes, whole.capacity)
+    return estimate(model, work, config, target)
+
+
 def native_candidates(model: ModelShape, world: int, pins: Pins, tp_available: bool) -> list[Config]:
     """The native backend's order: DP, FSDP2 (more than one replica), FSDP2 with activation checkpointing, then
     each TP degree through the same steps, FSDP2 x TP where replicas remain (DDP over TP is not built)."""
@@ -200,7 +209,7 @@ def plan_memory(
     tried = []
     order = native_candidates if native else candidates
     for config in order(model, work.world, pins, tp_available):
-        tried.append(estimate(model, work, config, target))
+        tried.append(native_estimate(model, work, config, target) if native else estimate(model, work, config, target))
         if tried[-1].fits:
             return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced)
     if native:
