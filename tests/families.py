@@ -103,7 +103,9 @@ def _native_tp_training(family: Family, results: dict) -> str:
     if row is None:
         return "not run"
     if not row["trained"]:
-        return "refused in one line: no transformers TP plan" if "no base_model_tp_plan" in row["error"] else "fails"
+        if "no base_model_tp_plan" in row["error"]:
+            return "refused in one line: no transformers TP plan"
+        return f"fails: {row['error'].removeprefix('neurontrain: error: ')}"
     ok = row["max_relative_loss_difference"] <= 1e-5 and row["loss_fell"] and row["unexpected_graphs"] == 0
     verdict = "yes" if ok else "NO"
     return (
