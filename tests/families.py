@@ -10,7 +10,9 @@ docs/model-families.md hold it).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 CLM, CLS = "causal-lm", "sequence-classification"
 
@@ -47,6 +49,11 @@ FAMILIES: tuple[Family, ...] = (
 BY_TYPE = {family.model_type: family for family in FAMILIES}
 DECODERS = tuple(f.model_type for f in FAMILIES if f.task == CLM)
 ENCODERS = tuple(f.model_type for f in FAMILIES if f.task == CLS)
+
+# native tensor parallel at TP 2 against one eager worker: these in the suite (tests/integration/test_native_tp.py),
+# the other families by `python benchmarks/native_tp.py families`, whose output the table reads
+NATIVE_TP_SUITE = ("llama", "qwen3", "mistral")
+NATIVE_TP_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "native_tp_families.json"
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 2, 4, 2, 16, 128
 
@@ -87,17 +94,37 @@ def _tp_training(family: Family) -> str:
     return f"refused: …{family.tp_training}…"
 
 
+def _native_tp_training(family: Family, results: dict) -> str:
+    """The "TP training (native)" cell: from tests/integration/test_native_tp.py (NATIVE_TP_SUITE) or from the
+    output of `python benchmarks/native_tp.py families` (NATIVE_TP_RESULTS)."""
+    if family.model_type in NATIVE_TP_SUITE:
+        return "yes: TP 2 = 1-worker eager within 1e-5, 20 steps (suite)"
+    row = results.get(family.model_type)
+    if row is None:
+        return "not run"
+    if not row["trained"]:
+        if "no base_model_tp_plan" in row["error"]:
+            return "refused in one line: no transformers TP plan"
+        return f"fails: {row['error'].removeprefix('neurontrain: error: ')}"
+    ok = row["max_relative_loss_difference"] <= 1e-5 and row["loss_fell"] and row["unexpected_graphs"] == 0
+    verdict = "yes" if ok else "NO"
+    return (
+        f"{verdict}: TP 2 vs 1-worker eager {row['max_relative_loss_difference']:.0e}, {row['steps']} steps (benchmark)"
+    )
+
+
 def readme_table() -> str:
     """The README's table of families: what the per-family tests assert for each."""
+    results = json.loads(NATIVE_TP_RESULTS.read_text()) if NATIVE_TP_RESULTS.exists() else {}
     rows = [
         "| family (`model_type`) | task | `run` on XLA:CPU, config defaults | `data.packing` | "
-        "`checkpoint migrate` TP 2 and back | tensor-parallel training (NxD) |",
-        "|---|---|---|---|---|---|",
+        "`checkpoint migrate` TP 2 and back | tensor-parallel training (NxD) | TP training (native) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
         packing = "yes, per-document isolation tested" if f.packs else "refused in one line"
         cells = [f"{f.name} (`{f.model_type}`)", f.task, "yes", packing, "yes, bit-identical", _tp_training(f)]
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append("| " + " | ".join([*cells, _native_tp_training(f, results)]) + " |")
     return "\n".join(rows)
 
 

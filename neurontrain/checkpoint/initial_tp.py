@@ -31,8 +31,9 @@ log = get_logger(__name__)
 
 def initial_loaders(init: InitialCheckpoint, workers: DataParallel) -> dict[str, Callable]:
     """The Trainer's `initialize` and `initialize_optimizer` for `run --init-from`: whole tensors and AdamW
-    state, or under tensor parallel (`workers` a TensorParallelWorkers) the worker's shards, with AdamW fresh."""
-    if not isinstance(workers, TensorParallelWorkers):
+    state (native tensor parallel too: the model is sharded after they load), or under NxD's tensor parallel
+    (`workers` a TensorParallelWorkers without a mesh) the worker's shards, with AdamW fresh."""
+    if not isinstance(workers, TensorParallelWorkers) or workers.mesh is not None:  # native: sharded after
         return {"initialize": init.load_weights, "initialize_optimizer": init.load_optimizer}
 
     def weights(model: torch.nn.Module) -> None:

@@ -27,7 +27,7 @@ from neurontrain.launch.setup import (
 from neurontrain.launch.topology import Topology
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.summary import RunSummary, read_summary
-from neurontrain.loop.tp_workers import join_tensor_parallel
+from neurontrain.loop.tp_workers import join_native_mesh, join_tensor_parallel
 from neurontrain.loop.trainer import BatchSource, Trainer
 from neurontrain.plan.planning import RunPlan
 from neurontrain.recipe import Recipe
@@ -91,7 +91,7 @@ def train_as_worker(
         setup.preflight(backend, dp, output_dir, preflight_check)
         plan = setup.plan(world=dp.world, data=service.lengths if service else None)
         manifest = setup.manifest(plan, dp)
-        workers = join_tensor_parallel(dp, plan.tp) if plan.tp > 1 else dp  # the trainer sees the DP group
+        workers = _data_parallel_view(dp, plan, backend)  # the trainer sees the DP group
         source = service.source_for(plan.collation(workers.rank)) if service is not None else None
         native = worker_native_cache(setup, plan, backend, dp) if backend.is_native else None
         summary = _trainer(plan, backend, output_dir, manifest, workers, init_from, source).run()
@@ -100,6 +100,15 @@ def train_as_worker(
         return summary
     finally:
         dp.close()
+
+
+def _data_parallel_view(dp: DataParallel, plan: RunPlan, backend: Backend) -> DataParallel:
+    """Under tensor parallel, this worker's data-parallel group (NxD's groups; native: a [dp, tp] mesh)."""
+    if plan.tp == 1:
+        return dp
+    if backend.is_native:
+        return join_native_mesh(dp, plan.tp, backend.device.type)
+    return join_tensor_parallel(dp, plan.tp)
 
 
 def _trainer(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
+from neurontrain.parallel.native_tp import device_mesh
 from neurontrain.parallel.tensor_parallel import require_nxd
 
 
@@ -30,10 +31,16 @@ class TensorParallelWorkers(DataParallel):
     tp_rank: int = 0
     global_rank: int = 0
     _world_group: Any = None  # gloo over every worker (barriers)
+    mesh: Any = None  # native backend: the [dp, tp] DeviceMesh (`parallel/native_tp.py`)
 
     @property
     def is_master(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def world_group(self) -> Any:
+        """The gloo group over every worker (None: the default group, which is gloo)."""
+        return self._world_group
 
     def barrier(self) -> None:
         dist.barrier(group=self._world_group)
@@ -65,4 +72,32 @@ def join_tensor_parallel(workers: DataParallel, tp: int) -> TensorParallelWorker
         tp_rank=parallel_state.get_tensor_model_parallel_rank(),
         global_rank=workers.rank,
         _world_group=workers._group,
+    )
+
+
+def join_native_mesh(workers: DataParallel, tp: int, device_type: str) -> TensorParallelWorkers:
+    """The native backend's tensor parallel: a [dp, tp] DeviceMesh over every worker (TP ranks contiguous, as
+    NxD lays them out), and this worker's data-parallel view with a gloo group per data-parallel group."""
+    if not workers.enabled or workers.world % tp:
+        raise UsageError(f"parallel.tp: {tp} needs a multiple of {tp} workers (this run has {workers.world})")
+    dp = workers.world // tp
+    mesh = device_mesh(device_type, dp, tp)
+    groups = [[t + tp * d for d in range(dp)] for t in range(tp)]
+    mine = None
+    for ranks in groups:  # every worker creates every group, in the same order
+        group = dist.new_group(ranks, backend="gloo")
+        if workers.rank in ranks:
+            mine = group
+    return TensorParallelWorkers(
+        rank=workers.rank // tp,
+        world=dp,
+        local_rank=workers.local_rank,
+        restart=workers.restart,
+        replica_groups=groups,
+        _group=mine,
+        tp=tp,
+        tp_rank=workers.rank % tp,
+        global_rank=workers.rank,
+        _world_group=workers._group,
+        mesh=mesh,
     )

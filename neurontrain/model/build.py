@@ -222,8 +222,8 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
     static_experts(model, recipe.runtime.backend)
     tp = recipe.parallel.tp
-    if tp != "auto" and tp > 1:
-        to_tensor_parallel(model, tp)
+    if tp != "auto" and tp > 1 and resolve_backend_name(recipe.runtime.backend) != "native":
+        to_tensor_parallel(model, tp)  # native: the strategy shards it by transformers' plan (DTensors)
     model.train()
     settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)

@@ -84,9 +84,10 @@ class Config:
     zero1: bool
     checkpointing: str  # none | full | every_N
     tp: int = 1
+    fsdp: bool = False  # native backend: FSDP2 shards parameters, gradients and AdamW state over the replicas
 
     def label(self) -> str:
-        parts = ["ZeRO-1" if self.zero1 else "DP"]
+        parts = ["FSDP" if self.fsdp else "ZeRO-1" if self.zero1 else "DP"]
         if self.checkpointing != "none":
             parts.append(f"checkpointing {self.checkpointing}")
         if self.tp > 1:
@@ -277,11 +278,13 @@ def estimate(model: ModelShape, work: Workload, config: Config, target: Target) 
     dp = max(work.world // config.tp, 1)
     shapes = [(tp_shape(spec, p), p.matmul) for p in model.params]
     held = sum(math.prod(shape) for shape, _ in shapes)
-    shard = sum(shard_numel(shape or (1,), dp) for shape, _ in shapes) if config.zero1 else held
+    sharded = config.zero1 or config.fsdp
+    shard = sum(shard_numel(shape or (1,), dp) for shape, _ in shapes) if sharded else held
     matmul = sum(math.prod(shape) for shape, is_matmul in shapes if is_matmul)
+    kept = shard if config.fsdp else held  # FSDP2 keeps a slice of the weights and gradients too
     sizes = {
-        "parameters": 4 * held,
-        "gradients": 4 * held,
+        "parameters": 4 * kept,
+        "gradients": 4 * kept,
         "optimizer": 8 * shard,
         "master": 4 * shard if config.zero1 else 0,
         "autocast": 2 * matmul if work.precision == "bf16" else 0,

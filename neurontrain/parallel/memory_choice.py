@@ -39,6 +39,42 @@ class Pins:
     zero1: bool | None = None
     checkpointing: str | None = None
     tp: int | None = None
+    fsdp: bool | None = None  # native backend: parallel.fsdp
+
+
+def native_tp_degrees(model: ModelShape, world: int) -> list[int]:
+    """TP degrees above 1 that divide `world`, the attention heads and the key/value heads (transformers'
+    plans split whole heads: `parallel/native_tp.py`)."""
+    return [t for t in tp_degrees(model, world) if model.heads % t == 0 and model.kv_heads % t == 0]
+
+
+def native_estimate(model: ModelShape, work: Workload, config: Config, target: Target) -> Estimate:
+    """`estimate`, but a family whose shapes the migrate rules do not shard at `config.tp` (transformers' plan
+    trains it all the same: Mixtral's experts) is counted unsharded: an upper bound."""
+    if config.tp > 1 and sharding_spec(model, config.tp) is None:
+        whole = estimate(model, work, replace(config, tp=1), target)
+        return Estimate(config, whole.bytes, whole.capacity)
+    return estimate(model, work, config, target)
+
+
+def native_candidates(model: ModelShape, world: int, pins: Pins, tp_available: bool) -> list[Config]:
+    """The native backend's order: DP, FSDP2 (more than one replica), FSDP2 with activation checkpointing, then
+    each TP degree through the same steps, FSDP2 x TP where replicas remain (DDP over TP is not built)."""
+    tps = [pins.tp] if pins.tp is not None else [1] + (native_tp_degrees(model, world) if tp_available else [])
+    levels = [ac for ac in AUTO_CHECKPOINTING if ac == "full" or int(ac.removeprefix("every_")) < model.layers]
+    out: list[Config] = []
+    for tp in tps:
+        replicas = world // tp > 1
+        sharded = pins.fsdp if pins.fsdp is not None else replicas
+        if tp > 1 and replicas and not sharded:
+            continue
+        stages = [(False, "none")] if not (tp > 1 and replicas) and pins.fsdp is not True else []
+        stages += [(sharded and replicas, "none")] + [(sharded and replicas, ac) for ac in levels]
+        for fsdp, checkpointing in stages:
+            config = Config(zero1=False, fsdp=fsdp, checkpointing=pins.checkpointing or checkpointing, tp=tp)
+            if config not in out:
+                out.append(config)
+    return out
 
 
 def tp_degrees(model: ModelShape, world: int) -> list[int]:
@@ -145,11 +181,12 @@ def gib(n: int) -> str:
 
 
 def _config_dict(config: Config) -> dict:
-    return {"zero1": config.zero1, "activation_checkpointing": config.checkpointing, "tp": config.tp}
+    out = {"zero1": config.zero1, "activation_checkpointing": config.checkpointing, "tp": config.tp}
+    return {**out, "fsdp": True} if config.fsdp else out  # the native backend's FSDP2
 
 
 def _short(config: Config) -> str:
-    parts = ["ZeRO-1" if config.zero1 else "DP"]
+    parts = ["FSDP" if config.fsdp else "ZeRO-1" if config.zero1 else "DP"]
     if config.checkpointing != "none":
         parts.append(config.checkpointing)
     if config.tp > 1:
@@ -158,15 +195,27 @@ def _short(config: Config) -> str:
 
 
 def plan_memory(
-    model: ModelShape, work: Workload, target: Target, pins: Pins, *, tp_available: bool, enforced: bool
+    model: ModelShape,
+    work: Workload,
+    target: Target,
+    pins: Pins,
+    *,
+    tp_available: bool,
+    enforced: bool,
+    native: bool = False,
 ) -> MemoryPlan:
-    """Try the candidates in order; the first that fits is the choice."""
+    """Try the candidates in order (the native backend's: `native_candidates`); the first that fits is the
+    choice."""
     tried = []
-    for config in candidates(model, work.world, pins, tp_available):
-        tried.append(estimate(model, work, config, target))
+    order = native_candidates if native else candidates
+    for config in order(model, work.world, pins, tp_available):
+        tried.append(native_estimate(model, work, config, target) if native else estimate(model, work, config, target))
         if tried[-1].fits:
             return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced)
-    advice = what_would_help(model, work, target, pins, tried[-1])
+    if native:
+        advice = native_help(model, work, target, pins, tried[-1], tp_available)
+    else:
+        advice = what_would_help(model, work, target, pins, tried[-1])
     return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced, advice=advice)
 
 
@@ -192,6 +241,26 @@ def what_would_help(model: ModelShape, work: Workload, target: Target, pins: Pin
             if sharding_spec(model, tp) and _first_fit(model, replace(work, world=world), target, configs):
                 helps.append(f"parallel.tp {tp} with neuronx-distributed ({world} workers)")
                 break
+    helps.append("a smaller data.batch_size or data.max_length / largest bucket")
+    return f"the least memory tried ({least.config.label()}) needs {gib(least.total)} GiB; " + ", or ".join(helps)
+
+
+def native_help(
+    model: ModelShape, work: Workload, target: Target, pins: Pins, least: Estimate, tp_available: bool
+) -> str:
+    """One sentence for the native backend: the least memory tried, then the smallest FSDP x TP layout (or
+    FSDP alone, or TP alone) that fits at this number of workers or more, and a smaller micro-batch."""
+    helps = []
+    checkpointing = [pins.checkpointing] if pins.checkpointing else ["none", *AUTO_CHECKPOINTING]
+    tps = [1] + (native_tp_degrees(model, 32) if tp_available else [])
+    layouts = [(w, tp) for w in (2**k for k in range(0, 11)) if w >= work.world for tp in tps if w % tp == 0]
+    for world, tp in layouts:
+        fsdp = world // tp > 1
+        configs = [Config(zero1=False, fsdp=fsdp, checkpointing=ac, tp=tp) for ac in checkpointing]
+        if (world, tp) != (work.world, 1) and _first_fit(model, replace(work, world=world), target, configs):
+            layout = " x ".join(([f"FSDP {world // tp}"] if fsdp else []) + ([f"TP {tp}"] if tp > 1 else []))
+            helps.append(f"needs {layout or 'DP'} ({world} workers{_instance_hint(target, world)})")
+            break
     helps.append("a smaller data.batch_size or data.max_length / largest bucket")
     return f"the least memory tried ({least.config.label()}) needs {gib(least.total)} GiB; " + ", or ".join(helps)
 

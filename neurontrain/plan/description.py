@@ -39,6 +39,7 @@ def describe_plan(plan: RunPlan) -> dict:
         "steps": r.train.max_steps,
         "world_size": world * plan.tp,
         "tensor_parallel": plan.tp,
+        "mesh": _mesh(plan),
         "per_worker_batch": r.data.batch_size,
         "grad_accum": r.train.grad_accum,
         "effective_batch": r.data.batch_size * r.train.grad_accum * world,
@@ -74,6 +75,19 @@ def _data(plan: RunPlan) -> dict:
         "tokens_max": max(lengths),
         "truncated": plan.data.truncated,
     }
+
+
+def _mesh(plan: RunPlan) -> dict | None:
+    """The native backend's DeviceMesh: data-parallel replicas (FSDP2-sharded or not) x tensor-parallel ranks."""
+    if plan.backend != "native" or plan.world * plan.tp == 1:
+        return None
+    return {"dp": plan.world, "tp": plan.tp, "fsdp": plan.fsdp, "layout": plan_layout(plan.world, plan.tp, plan.fsdp)}
+
+
+def plan_layout(dp: int, tp: int, fsdp: bool) -> str:
+    """ "FSDP 2 x TP 2", "TP 2", "DDP 4", ... (pure)."""
+    parts = [f"{'FSDP' if fsdp else 'DDP'} {dp}"] if dp > 1 else []
+    return " x ".join(parts + ([f"TP {tp}"] if tp > 1 else [])) or "one worker"
 
 
 def _gradient_reduction(plan: RunPlan) -> str:

@@ -71,13 +71,20 @@ def plan_recipe_memory(recipe: Recipe, config: Any, backend: str, world: int, lo
         zero1=None if train.zero1 == "auto" else train.zero1,
         checkpointing=None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
         tp=None if tp == "auto" else tp,
+        fsdp=recipe.parallel.fsdp,
     )
     work = Workload(batch=recipe.data.batch_size, length=longest, precision=train.precision, world=world)
-    tp_available = importlib.util.find_spec("neuronx_distributed") is not None
-    plan = plan_memory(model_shape(recipe, config), work, target, pins, tp_available=tp_available, enforced=enforced)
+    native = backend == "native"
+    if native:  # DTensors by transformers' plan (parallel/native_tp.py)
+        tp_available = bool(getattr(meta_model(recipe, config), "tp_plan", None))
+    else:
+        tp_available = importlib.util.find_spec("neuronx_distributed") is not None
+    shape = model_shape(recipe, config)
+    plan = plan_memory(shape, work, target, pins, tp_available=tp_available, enforced=enforced, native=native)
     plan.notes += notes
     if not tp_available and pins.tp is None:
-        plan.notes.append("tensor parallel not tried: neuronx-distributed is not installed")
+        why = "transformers has no tensor-parallel plan for it" if native else "neuronx-distributed is not installed"
+        plan.notes.append(f"tensor parallel not tried: {why}")
     if not enforced:
         plan.notes.append(
             f"{backend} is not bound by this memory: the plan picks the configuration {plan.target.name} would "

@@ -26,6 +26,7 @@ from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
 from neurontrain.parallel.memory_choice import MemoryPlan
+from neurontrain.parallel.native_tp import resolved_plan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.plan.buckets import Buckets, cost_model, fit_to_fixed_buckets, has_eval, with_packing
 from neurontrain.plan.memory_inputs import plan_recipe_memory, with_memory_choice
@@ -104,11 +105,9 @@ class RunPlan:
         return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs)
 
     def train_batches(self, rank: int, position: int, stream_position: dict | None, count: int) -> Iterator[dict]:
-        """Worker `rank`'s `count` collated training micro-batches from batch `position` (a stream's: from
-        `stream_position`)."""
+        """Worker `rank`'s `count` collated training micro-batches from `position` (a stream's: `stream_position`)."""
         if self.stream is not None:
             return self.stream.batches(rank, self.world, stream_position, count)
-        assert self.batcher is not None
         collate = self.collator("train", rank)
         return (collate(b) for b in itertools.islice(self.batcher.iterate(position), count))
 
@@ -116,9 +115,7 @@ class RunPlan:
         """Worker `rank`'s collated first planned training batch of `length` (graph discovery traces it)."""
         if self.stream is not None:
             batch = next(self.stream.batches(rank, self.world, None, 1))
-            batch.pop(POSITION_KEY)
-            return batch
-        assert self.batcher is not None
+            return {k: v for k, v in batch.items() if k != POSITION_KEY}
         for planned in itertools.islice(self.batcher.iterate(0), len(self.train_lengths_used)):
             if planned.length == length:
                 return self.collator("train", rank)(planned)
@@ -278,8 +275,11 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
 
 def _check_backend(recipe: Recipe, backend: str, world: int, tp: int) -> None:
     """Refuse what the backend does not train (before any data is prepared)."""
-    if backend == "native" and tp > 1:
-        raise UsageError("backend native: parallel.tp > 1 is not built on the native backend (data parallel is)")
+    if backend == "native" and tp > 1 and world > tp and not recipe.parallel.fsdp:
+        raise UsageError(
+            f"backend native: parallel.tp: {tp} on {world} workers needs parallel.fsdp: true (FSDP2 x TP on a 2D "
+            "mesh; DDP over tensor-parallel DTensors is not built)"
+        )
     if backend == "native" and world > 1 and recipe.train.zero1 is True:
         raise UsageError(
             "backend native: train.zero1 is not built on the native backend (parallel.fsdp shards AdamW's state)"
@@ -325,7 +325,10 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
     if recipe.task == "causal-lm":  # a batch without targets: NaN from its step on
         check_targets(data.train_lengths, batching.batcher.iterate(), len(batching.used), "training")
         check_targets(data.eval_lengths, batching.eval_batches, len(batching.eval_batches), "eval")
-    if tp > 1:
+    if tp > 1 and backend == "native":
+        resolved_plan(meta_model(recipe, config), tp)  # a family without a plan, heads tp does not divide: exit 2
+        notes.append(f"mesh: dp {world // tp} x tp {tp} ({'FSDP2' if world > tp else 'no FSDP2'} x TP)")
+    elif tp > 1:
         recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
     return RunPlan(
         recipe=recipe,
@@ -343,7 +346,7 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         world=world // tp,
         tp=tp,
         host_reduce=world // tp > 1 and reduces_on_host(backend),
-        fsdp=recipe.parallel.fsdp and world > 1,  # one worker has nothing to shard
+        fsdp=recipe.parallel.fsdp and world // tp > 1,  # one replica has nothing to shard
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,

@@ -37,12 +37,21 @@ def test_native_plans_the_model_graphs_only(accum: int):
     assert ("optimizer",) not in native.expected_graphs()
 
 
-def test_native_data_parallel_plans_the_same_graphs_and_refuses_tp_and_zero1():
+def test_native_data_parallel_plans_the_same_graphs_and_refuses_zero1_and_ddp_over_tp():
     recipe = load_recipe(RECIPES / "tiny-llama-clm.yaml", SMALL)
     two = make_plan(recipe, "native", world=2)
     assert not two.split_step and all(key[0] in ("train", "eval") for key in two.expected_graphs())
-    with pytest.raises(UsageError, match="backend native: parallel.tp > 1 is not built"):
-        make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=2"]), "native", world=2)
+    tp = make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=2"]), "native", world=2)
+    assert (tp.world, tp.tp, tp.fsdp) == (1, 2, False) and tp.expected_graphs() == two.expected_graphs()
+    assert "mesh: dp 1 x tp 2 (no FSDP2 x TP)" in tp.notes
+    two_d = make_plan(
+        load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=2", "parallel.fsdp=true"]), "native", world=4
+    )
+    assert (two_d.world, two_d.tp, two_d.fsdp) == (2, 2, True) and "mesh: dp 2 x tp 2 (FSDP2 x TP)" in two_d.notes
+    with pytest.raises(UsageError, match="parallel.tp: 2 on 4 workers needs parallel.fsdp: true"):
+        make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=2"]), "native", world=4)
+    with pytest.raises(UsageError, match="parallel.tp: 4 does not divide llama's 8 attention heads and 2 key/value"):
+        make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "parallel.tp=4"]), "native", world=4)
     with pytest.raises(UsageError, match="backend native: train.zero1 is not built"):
         make_plan(load_recipe(RECIPES / "tiny-llama-clm.yaml", [*SMALL, "train.zero1=true"]), "native", world=2)
 

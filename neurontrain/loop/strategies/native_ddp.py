@@ -31,6 +31,8 @@ class NativeDataParallel(Replicated):
     """What native DDP and FSDP2 share: the loss scaled by the worker's share of the step's loss items (both
     average the gradients over the workers), and the global loss summed over the process group."""
 
+    clip = staticmethod(torch.nn.utils.clip_grad_norm_)  # tensor parallel: its own, over DTensors of two meshes
+
     def loss_scale(self, items: int) -> float:
         """This worker's share of the step's loss items, times the number of workers (DDP averages)."""
         total = float(self.dp.all_reduce_host(torch.tensor([float(items)], dtype=torch.float64))[0])
@@ -43,7 +45,10 @@ class NativeDataParallel(Replicated):
         stats = torch.stack([mean * items, torch.tensor(float(items), device=mean.device)])
         dist.all_reduce(stats)
         loss = stats[0] / stats[1].clamp(min=1.0)
-        return loss, steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe)
+        return loss, steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe, clip=self.clip)
+
+    def device_step(self) -> None:
+        steps.optimizer_step(self.params, self.optimizer, self.scheduler, self.recipe, clip=self.clip)
 
 
 class NativeDDP(NativeDataParallel):

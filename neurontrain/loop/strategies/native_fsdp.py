@@ -22,6 +22,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,22 +46,30 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class NativeFSDP(NativeDataParallel):
     """AdamW over this worker's shards of every parameter; gradients reduce-scattered by FSDP2."""
 
-    def __init__(self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel) -> None:
+    def __init__(
+        self, recipe: Recipe, model: torch.nn.Module, backend: Backend, dp: DataParallel, mesh: Any = None
+    ) -> None:
+        """mesh: the data-parallel mesh to shard over (FSDP x TP: the "dp" dimension of the 2D mesh, a model
+        already sharded on its "tp" dimension); a mesh of one worker shards nothing."""
         from torch.distributed.device_mesh import init_device_mesh  # lazy: only FSDP2 builds a device mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # lazy: as above
 
-        mesh = init_device_mesh(backend.device.type, (dp.world,))
+        mesh = mesh if mesh is not None else init_device_mesh(backend.device.type, (dp.world,))
         bf16 = recipe.train.precision == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-        for layer in transformer_layers(model):
-            fully_shard(layer, **options)
-        fully_shard(model, **options)
+        if mesh.size() > 1:
+            for layer in transformer_layers(model):
+                fully_shard(layer, **options)
+            fully_shard(model, **options)
         self.model = model
+        # DCP's group: every worker writes its own shards (under TP the data-parallel group is not all of them)
+        self.checkpoint_group = getattr(dp, "world_group", dp.host_group)
         super().__init__(recipe, model, backend, dp, host=False)  # AdamW over the sharded parameters
 
     def accumulating(self, more_to_come: bool) -> contextlib.AbstractContextManager:
-        self.model.set_requires_gradient_sync(not more_to_come)
+        if hasattr(self.model, "set_requires_gradient_sync"):  # an FSDP2 module (not so under TP alone)
+            self.model.set_requires_gradient_sync(not more_to_come)
         return contextlib.nullcontext()
 
     def state_dict(self) -> dict:
@@ -89,7 +98,8 @@ class NativeFSDP(NativeDataParallel):
         import torch.distributed.checkpoint as dcp  # lazy: see export_state
 
         def write(directory: Path) -> None:
-            dcp.save(self._sharded_state(), checkpoint_id=str(directory / SHARDS_DIR), process_group=self.dp.host_group)
+            shards = str(directory / SHARDS_DIR)
+            dcp.save(self._sharded_state(), checkpoint_id=shards, process_group=self.checkpoint_group)
             if self.dp.is_master:
                 config = json.loads(self.model.config.to_json_string())
                 (directory / SHARDS_DIR / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -104,8 +114,8 @@ class NativeFSDP(NativeDataParallel):
 
         if checkpoint is None:  # `run --init-from`: a whole AdamW state, numbered as the unsharded model's
             raise UsageError(
-                "--init-from with parallel.fsdp: AdamW's starting state is not loaded into FSDP2's shards; add "
-                "--init-from-weights-only (the weights load before sharding)"
+                "--init-from with parallel.fsdp or native parallel.tp: AdamW's starting state is not loaded into "
+                "the shards; add --init-from-weights-only (the weights load before sharding)"
             )
         if FSDP_WORLD not in saved:
             raise UsageError(
@@ -113,7 +123,7 @@ class NativeFSDP(NativeDataParallel):
                 "parallel.fsdp=false, or start this run in another --output-dir"
             )
         state = self._sharded_state()
-        dcp.load(state, checkpoint_id=str(checkpoint / SHARDS_DIR), process_group=self.dp.host_group)
+        dcp.load(state, checkpoint_id=str(checkpoint / SHARDS_DIR), process_group=self.checkpoint_group)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         if scheduler is not None:
             self.scheduler.load_state_dict(scheduler)
