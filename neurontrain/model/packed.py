@@ -91,12 +91,13 @@ def packed_hidden_states(model: torch.nn.Module, batch: dict, dtype: torch.dtype
 
 def packed_classification(model: torch.nn.Module, batch: dict, dtype: torch.dtype, position_offset: int = 0) -> Any:
     """Per-document logits (rows, max_docs, labels) and the mean cross-entropy over the real documents."""
-    head = PACKED_HEADS[model.config.model_type]
+    inner = getattr(model, "module", model)  # DDP's wrapper runs the forward; the head is the wrapped model's
+    head = PACKED_HEADS[inner.config.model_type]
     hidden = packed_hidden_states(model, batch, dtype, position_offset)
     positions = batch["cls_positions"]
     rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
     first_tokens = hidden[rows, positions]  # (rows, max_docs, hidden)
-    logits = head(model, first_tokens.flatten(0, 1)).unflatten(0, positions.shape)
+    logits = head(inner, first_tokens.flatten(0, 1)).unflatten(0, positions.shape)
     labels = batch["labels"]
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
     return SimpleNamespace(loss=loss, logits=logits)

@@ -266,6 +266,7 @@ def test_a_diverging_rank_is_named_with_its_shapes_before_a_collective_hangs(tmp
     before the 600 s a collective would wait."""
     args = ["run", LLAMA, "-o", str(tmp_path / "out"), "--nproc-per-node", "2", "--no-preflight"]
     args += ["--set", "train.max_steps=2", "--set", "train.schedule.warmup_steps=1", "--set", "data.buckets=[128]"]
+    args += ["--set", "data.packing=off"]  # batches of data.batch_size samples, the shapes named below
     result = run_cli(*args, "--set", "runtime.collective_timeout=600", env=diverging_rank1(tmp_path / "site"))
     ended = time.time()
     assert result.returncode == 1, result.stderr[-3000:]
