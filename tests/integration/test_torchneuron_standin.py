@@ -234,6 +234,7 @@ def test_a_diverging_rank_is_named_with_its_shapes_before_a_collective_hangs(tmp
                NEURONTRAIN_TEST_DIVERGE=str(tmp_path))  # fmt: skip
     args = ["run", RECIPE, "--backend", "native", *LAYOUT, *SETS, "--set", f"runtime.expected_devices={CORES // 2}"]
     args += ["--set", "runtime.collective_timeout=600", "--no-preflight", "--output-dir", str(tmp_path / "run")]
+    args += ["--set", "data.packing=off"]  # batches of data.batch_size samples, the shapes named below
     result = run_cli(*args, env=env)
     ended = time.time()
     assert result.returncode == 1, result.stderr[-3000:]
