@@ -51,7 +51,8 @@ def _create(store, rank: int, size: int, timeout):  # torch.distributed's backen
             return _done(output_lists)
 
         def _allgather_base(self, output, input, opts=None):
-            output.view(-1, input.numel()).copy_(input.reshape(1, -1))
+            # FSDP2 gathers in place: its input is this rank's slot of the output, so it is copied out first
+            output.view(-1, input.numel()).copy_(input.reshape(1, -1).clone())
             return _done(output)
 
         def _reduce_scatter_base(self, output, input, opts=None):
