@@ -38,7 +38,13 @@ RECIPE = str(RECIPES / "tiny-bert-classification.yaml")
 SETS = []
 # unpacked: packed sequence classification under the stand-in's fullgraph compile breaks the graph at transformers'
 # output-capturing ContextVar (docs/status.md); the fleet and rank checks here are about the cache, not packing
-for item in ("data.packing=off", "train.max_steps=2", "data.train_samples=64", "data.eval_samples=8", "train.schedule.warmup_steps=1"):
+for item in (
+    "data.packing=off",
+    "train.max_steps=2",
+    "data.train_samples=64",
+    "data.eval_samples=8",
+    "train.schedule.warmup_steps=1",
+):
     SETS += ["--set", item]
 PLANNED = 2  # train 96 and eval 96
 
