@@ -21,6 +21,7 @@ COMMON = [
     *("--set", f"train.max_steps={STEPS}", "--set", "train.log_every=1", "--set", "train.precision=fp32"),
     *("--set", "train.eval_at_end=false", "--set", "train.schedule.warmup_steps=1"),
     *("--set", "data.train_samples=400", "--set", "data.max_length=64", "--set", "data.buckets=[64]"),
+    *("--set", "data.packing=off"),  # batches of data.batch_size samples on 1, 2 and 4 workers alike
 ]
 EAGER = ["--backend", "eager", "--set", f"data.batch_size={ROWS}", "--set", "checkpoint.every=0"]
 TP = ["--backend", "native", "--nproc-per-node", "2", "--set", "parallel.tp=2", "--set", f"data.batch_size={ROWS}"]
