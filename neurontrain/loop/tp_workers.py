@@ -56,11 +56,7 @@ def join_tensor_parallel(workers: DataParallel, tp: int) -> TensorParallelWorker
         raise UsageError(f"parallel.tp: {tp} needs a multiple of {tp} workers (this run has {workers.world})")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     groups = [list(map(int, g)) for g in parallel_state.get_data_parallel_replica_groups()]
-    mine = None
-    for ranks in groups:  # every worker creates every group, in the same order
-        group = dist.new_group(ranks, backend="gloo")
-        if workers.rank in ranks:
-            mine = group
+    mine = _gloo_group_of(groups, workers.rank)
     return TensorParallelWorkers(
         rank=parallel_state.get_data_parallel_rank(),
         world=parallel_state.get_data_parallel_size(),
@@ -75,6 +71,16 @@ def join_tensor_parallel(workers: DataParallel, tp: int) -> TensorParallelWorker
     )
 
 
+def _gloo_group_of(groups: list[list[int]], rank: int) -> Any:
+    """A gloo group for each rank list (every worker creates every group, in the same order); `rank`'s own."""
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(ranks, backend="gloo")
+        if rank in ranks:
+            mine = group
+    return mine
+
+
 def join_native_mesh(workers: DataParallel, tp: int, device_type: str) -> TensorParallelWorkers:
     """The native backend's tensor parallel: a [dp, tp] DeviceMesh over every worker (TP ranks contiguous, as
     NxD lays them out), and this worker's data-parallel view with a gloo group per data-parallel group."""
@@ -83,11 +89,7 @@ def join_native_mesh(workers: DataParallel, tp: int, device_type: str) -> Tensor
     dp = workers.world // tp
     mesh = device_mesh(device_type, dp, tp)
     groups = [[t + tp * d for d in range(dp)] for t in range(tp)]
-    mine = None
-    for ranks in groups:  # every worker creates every group, in the same order
-        group = dist.new_group(ranks, backend="gloo")
-        if workers.rank in ranks:
-            mine = group
+    mine = _gloo_group_of(groups, workers.rank)
     return TensorParallelWorkers(
         rank=workers.rank // tp,
         world=dp,
