@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from neurontrain.backends.base import Backend
+from neurontrain.backends.hosts import skip_torch_xla_imports
 
 
 class EagerBackend(Backend):
@@ -12,4 +13,5 @@ class EagerBackend(Backend):
 def select_eager(compiler_flags: list[str]) -> EagerBackend:
     import torch
 
+    skip_torch_xla_imports()
     return EagerBackend("eager", "nccl" if torch.cuda.is_available() else "gloo", False, compiler_flags)

@@ -10,6 +10,7 @@ earlier the XLA library.
 from __future__ import annotations
 
 import importlib.util
+import os
 from importlib import metadata
 
 TORCHNEURON_SINCE = (2, 13)  # torch-neuronx releases from this torch minor on are TorchNeuron (native PyTorch)
@@ -46,6 +47,13 @@ def neuron_stack() -> str | None:
 
 def torch_xla_installed() -> bool:
     return importlib.util.find_spec("torch_xla") is not None
+
+
+def skip_torch_xla_imports() -> None:
+    """For a process that never uses an XLA device (native, eager, a launcher): the libraries imported from here
+    on do not import torch_xla for it (accelerate reads USE_TORCH_XLA when first imported; about 2 s of
+    start-up). A value the user set is kept."""
+    os.environ.setdefault("USE_TORCH_XLA", "0")
 
 
 def cuda_available() -> bool:

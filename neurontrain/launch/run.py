@@ -7,9 +7,13 @@ the summary it prints and keeps is a `RunSummary` with the cache counters added.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from neurontrain.backends import Backend, backend_for, resolve_backend_name
+from neurontrain.backends.hosts import skip_torch_xla_imports
 from neurontrain.checkpoint.initial import InitialCheckpoint
 from neurontrain.checkpoint.initial_tp import initial_loaders
 from neurontrain.compile.graphs import graph_hlo, graph_id
@@ -54,15 +58,29 @@ def train_single(
     return summary
 
 
+@contextmanager
+def host_side_imports() -> Iterator[None]:
+    """The launching process never touches a device (`skip_torch_xla_imports` while it plans); the workers it
+    starts do not inherit the setting."""
+    given = os.environ.get("USE_TORCH_XLA")
+    skip_torch_xla_imports()
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop("USE_TORCH_XLA", None)
+
+
 def train_workers(recipe: Recipe, output_dir: Path, topology: Topology, worker_argv: list[str]) -> RunSummary | None:
     """Start this node's workers (`python -m neurontrain <worker_argv>`) and wait for them. Validates the whole
     job first (bad input exits 2 before any worker starts). Returns the summary on node 0."""
     check_master_address(topology)
     setup = RunSetup(recipe, resolve_backend_name(recipe.runtime.backend))
     say_extraction()
-    plan = setup.plan(world=topology.world)
-    announce(plan, setup.backend, output_dir)
-    node = NodeCache.start(setup, plan)
+    with host_side_imports():
+        plan = setup.plan(world=topology.world)
+        announce(plan, setup.backend, output_dir)
+        node = NodeCache.start(setup, plan)
     launch(topology, worker_argv)
     summary = read_summary(output_dir) if topology.node_rank == 0 else None
     changed = node.finish(summary, cache_counters=False)
