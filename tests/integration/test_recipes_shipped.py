@@ -1,6 +1,7 @@
 """Every recipe in recipes/ trains a few steps end to end on XLA:CPU, with its own precision, gradient
 accumulation and compiler flags. Recipes that name a hub model or dataset get local stand-ins generated here
-(tests/recipe_standins.py); nothing is downloaded."""
+(tests/recipe_standins.py); nothing is downloaded. The tiny recipes train whole, as shipped, in test_training.py
+and are not run again here."""
 
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from neurontrain.recipe import load_recipe
 STEPS = 3
 
 
-@pytest.mark.parametrize("recipe_path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "recipe_path", [p for p in sorted(RECIPES.glob("*.yaml")) if not p.stem.startswith("tiny-")], ids=lambda p: p.stem
+)
 def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
     recipe = load_recipe(recipe_path)
     overrides = standin_overrides(recipe, tmp_path)
@@ -36,8 +39,6 @@ def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
     packed = summary["bucket_mode"] == "packed"  # data.packing: auto, rows holding about data.batch_size samples
     batch = summary["per_worker_batch"] if packed else recipe.data.batch_size
     assert batch <= recipe.data.batch_size and summary["effective_batch"] == batch * recipe.train.grad_accum
-    if recipe_path.stem.startswith("tiny-"):  # as shipped, the tiny recipes pack: under 5 % padding
-        assert packed and summary["padding_fraction"] < 0.05, summary["padding_fraction"]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps[-1] == STEPS, steps
     assert summary["final_loss"] == summary["final_loss"] and summary["final_loss"] > 0  # finite, not NaN

@@ -12,6 +12,8 @@ import torch
 from conftest import RECIPES, REPO, read_json, read_metrics, run_cli, start_cli
 from safetensors.torch import load_file
 
+from neurontrain.recipe import load_recipe
+
 pytestmark = pytest.mark.slow
 
 
@@ -60,6 +62,11 @@ def test_tiny_recipe_trains_without_unexpected_graphs(tmp_path: Path, recipe: st
     assert "Setting accelerator" not in result.stdout + result.stderr
     assert summary["unexpected_graphs"] == 0, summary["unexpected"]
     assert summary["hidden_host_syncs"] == []
+    # as shipped, the tiny recipes pack (data.packing: auto): rows of about data.batch_size samples, under 5 % padding
+    shipped = load_recipe(RECIPES / f"{recipe}.yaml")
+    assert summary["bucket_mode"] == "packed" and summary["padding_fraction"] < 0.05, summary["padding_fraction"]
+    assert summary["per_worker_batch"] <= shipped.data.batch_size and summary["grad_accum"] == shipped.train.grad_accum
+    assert summary["effective_batch"] == summary["per_worker_batch"] * shipped.train.grad_accum
     step_kinds = 2  # train, eval
     assert summary["compilations"] <= len(summary["buckets_used"]) * step_kinds + 2
     records = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
