@@ -72,7 +72,7 @@ def test_a_run_starts_from_the_tp2_shards_of_the_family(family_runs, family: Fam
 
 
 def test_a_nan_loss_exits_1_within_its_step_and_publishes_nothing(family_runs):
-    """`neurontrain run` at learning rate 1e6 on XLA:CPU (in the worker's process; its stderr line and exit code
+    """`neurontrain run` at learning rate 1e8 on XLA:CPU (in the worker's process; its stderr line and exit code
     through the CLI's own error path, as every NeurontrainError)."""
     result = family_runs["nan-run"]
     losses = {int(step): loss for step, loss in result["losses"].items()}
