@@ -226,7 +226,7 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_weights(llama_two_wo
             "cannot resolve the master address",
         ),
         (
-            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "3"],
+            ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", "1", "--rdzv-timeout", "1"],
             1,
             "rendezvous at 127.0.0.1:1",
         ),
