@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
+from neurontrain.backends.hosts import skip_torch_xla_imports
 from neurontrain.errors import NeurontrainError, UsageError, first_line
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -70,7 +71,7 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, ModuleTy
         verb_parser = verbs.add_parser(verb, help=help_text)
         if verb == chosen:
             if verb in HOST_ONLY_VERBS:
-                os.environ.setdefault("USE_TORCH_XLA", "0")
+                skip_torch_xla_imports()
             module = importlib.import_module(module_path)
             module.add_arguments(verb_parser)
     return parser, module
