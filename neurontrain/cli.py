@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from neurontrain.backends.hosts import skip_torch_xla_imports
-from neurontrain.errors import NeurontrainError, UsageError, first_line
+from neurontrain.errors import NeurontrainError, UsageError, first_line, raised_in
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("neurontrain.commands.run", "train a recipe"),
@@ -95,10 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a runtime failure: one line, the traceback only on request
         if os.environ.get("NEURONTRAIN_DEBUG"):
             traceback.print_exc()
-        print(
-            f"neurontrain: error: {type(exc).__name__}: {first_line(exc)} (set NEURONTRAIN_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+        where = raised_in(exc)
+        hint = (
+            f"{where}; set NEURONTRAIN_DEBUG=1 for the traceback"
+            if where
+            else "set NEURONTRAIN_DEBUG=1 for the traceback"
         )
+        print(f"neurontrain: error: {type(exc).__name__}: {first_line(exc)} ({hint})", file=sys.stderr)
         return 1
 
 

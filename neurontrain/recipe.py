@@ -26,6 +26,8 @@ class ModelSpec(_Strict):
     config: dict[str, Any] | None = None
     attn_implementation: Literal["eager", "sdpa"] = "eager"
     num_labels: int = Field(2, ge=1)
+    # Hugging Face hub kernels (downloaded code, CUDA only): off unless asked for, whatever transformers' default
+    hub_kernels: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

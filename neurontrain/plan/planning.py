@@ -24,7 +24,7 @@ from neurontrain.data.streaming import eval_batches as stream_eval_batches
 from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
+from neurontrain.model.build import ModelDims, build_config, hub_kernels, meta_model, model_dims
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.native_tp import resolved_plan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
@@ -275,6 +275,7 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
 
 def _check_backend(recipe: Recipe, backend: str, world: int, tp: int) -> None:
     """Refuse what the backend does not train (before any data is prepared)."""
+    hub_kernels(recipe, backend)
     if backend == "native" and tp > 1 and world > tp and not recipe.parallel.fsdp:
         raise UsageError(
             f"backend native: parallel.tp: {tp} on {world} workers needs parallel.fsdp: true (FSDP2 x TP on a 2D "

@@ -1,7 +1,9 @@
 """Every recipe in recipes/ trains a few steps end to end on XLA:CPU, with its own precision, gradient
 accumulation and compiler flags. Recipes that name a hub model or dataset get local stand-ins generated here
 (tests/recipe_standins.py); nothing is downloaded. The tiny recipes train whole, as shipped, in test_training.py
-and are not run again here."""
+and are not run again here. The recipes that name a hub model load it with `from_pretrained` and evaluate it at the
+end: the path where a transformers release (5.25's hub kernels on by default) broke every pretrained run on XLA at its
+first evaluation, while the config-built tiny recipes did not notice."""
 
 from pathlib import Path
 
@@ -42,6 +44,22 @@ def test_shipped_recipe_trains_on_xla_cpu(tmp_path: Path, recipe_path: Path):
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps[-1] == STEPS, steps
     assert summary["final_loss"] == summary["final_loss"] and summary["final_loss"] > 0  # finite, not NaN
+    assert summary["eval_loss"] == summary["eval_loss"] and summary["eval_loss"] > 0  # evaluated at the end
     if recipe.model.pretrained is not None:  # the stand-in's architecture was trained and exported
         exported = read_json(out / "model" / "config.json")
         assert exported["hidden_size"] == read_json(tmp_path / "model" / "config.json")["hidden_size"] == 64
+
+
+def test_pretrained_llama_trains_and_evaluates_on_native(tmp_path: Path):
+    """The from_pretrained path on the native backend (torch.compile): loaded with hub kernels off, trained,
+    evaluated, exported."""
+    recipe_path = RECIPES / "llama-clm.yaml"
+    overrides = standin_overrides(load_recipe(recipe_path), tmp_path)
+    overrides += ["--set", "train.max_steps=2", "--set", "train.schedule.warmup_steps=1", "--set", "train.grad_accum=1"]
+    out = tmp_path / "run"
+    result = run_cli("run", str(recipe_path), *overrides, "--backend", "native", "--output-dir", str(out))
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    summary = read_json(out / "summary.json")
+    assert summary["backend"] == "native" and summary["steps"] == 2
+    assert summary["eval_loss"] == summary["eval_loss"] and summary["eval_loss"] > 0
+    assert read_json(out / "model" / "config.json")["hidden_size"] == 64

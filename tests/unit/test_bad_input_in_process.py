@@ -163,3 +163,10 @@ def test_precompile_refuses_tensor_parallel(tmp_path: Path, cli, monkeypatch):
     finally:  # later tests must not find the stand-in imported
         for name in [m for m in sys.modules if m.split(".")[0] == "neuronx_distributed"]:
             del sys.modules[name]
+
+
+def test_hub_kernels_off_cuda(cli):
+    """Hub kernels are downloaded CUDA code: asked for on XLA (or a host without CUDA) the run is refused before
+    any data is prepared; by default they stay off on every backend (tests/integration/test_recipes_shipped.py)."""
+    result = cli("run", str(RECIPES / "tiny-bert-classification.yaml"), "--dry-run", "--set", "model.hub_kernels=true")
+    assert_one_line_usage_error(result, "model.hub_kernels: Hugging Face hub kernels run on CUDA only")
