@@ -31,7 +31,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", CLM, "Llama", tp_training="run"),
     Family("mistral", CLM, "Mistral"),
-    Family("mixtral", CLM, "Mixtral (MoE)", tp_training="experts.gate_up_proj is sharded by rule 'gate_up_packed'"),
+    Family("mixtral", CLM, "Mixtral (MoE)"),  # transformers 5.25: experts in the EP plan, replicated under TP
     Family("qwen2", CLM, "Qwen2"),
     Family("qwen3", CLM, "Qwen3"),
     Family("gemma2", CLM, "Gemma 2"),

@@ -18,9 +18,9 @@ import torch
 import torch.utils.checkpoint
 
 from neurontrain.backends import is_xla_backend, resolve_backend_name
-from neurontrain.backends.hosts import cuda_available
 from neurontrain.data.collate import IGNORE_INDEX
 from neurontrain.errors import UsageError, first_line
+from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.model.input_probe import probe_model_inputs
 from neurontrain.model.inputs import MASK_4D, ModelInputs
 from neurontrain.model.packed import packed_inputs
@@ -234,21 +234,6 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     settle_problem_type(model, recipe.task)
     enable_activation_checkpointing(model, recipe.train.activation_checkpointing, recipe.runtime.backend)
     return model
-
-
-def hub_kernels(recipe: Recipe, backend: str | None = None) -> bool:
-    """Whether `from_pretrained` may replace layers with Hugging Face hub kernels: only when the recipe asks
-    (model.hub_kernels) and only on CUDA. Passed explicitly, because transformers 5.25 turns them on by default
-    (code fetched from the hub at run time, and `model.eval()` then refuses the XLA device)."""
-    if not recipe.model.hub_kernels:
-        return False
-    backend = backend or resolve_backend_name(recipe.runtime.backend)
-    if backend not in ("eager", "native") or not cuda_available():
-        raise UsageError(
-            "model.hub_kernels: Hugging Face hub kernels run on CUDA only (the eager or native backend on a GPU), "
-            f"not on {backend} here"
-        )
-    return True
 
 
 def static_experts(model: torch.nn.Module, backend: str) -> None:

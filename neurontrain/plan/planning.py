@@ -24,7 +24,8 @@ from neurontrain.data.streaming import eval_batches as stream_eval_batches
 from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
-from neurontrain.model.build import ModelDims, build_config, hub_kernels, meta_model, model_dims
+from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
+from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.native_tp import resolved_plan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd

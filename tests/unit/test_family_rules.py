@@ -145,10 +145,11 @@ def test_spec_without_rules_reads_with_the_legacy_tables():
 
 def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_path, capsys, monkeypatch):
     """What save_pretrained writes (per-expert w1/w2/w3, merged by transformers' converters on load) migrates:
-    the experts merged by those converters into gate_up_proj (experts, 2 x intermediate, hidden), packed_colwise:
-    each rank its gate and up rows of every expert; down_proj (experts, hidden, intermediate) rowwise on its last
-    dim. Back to GPU, the fused tensors load with from_pretrained bit for bit and the logits are equal; the
-    save_pretrained directory and the shards start a run (--init-from). A converter migrate does not apply is
+    the experts merged by those converters into gate_up_proj (experts, 2 x intermediate, hidden); sharded as
+    transformers' plan says: up to 5.24 packed_colwise (each rank its gate and up rows of every expert) and
+    down_proj (experts, hidden, intermediate) rowwise on its last dim; from 5.25 the experts are in the expert
+    parallel plan only, so tensor parallel replicates them. Back to GPU, the fused tensors load with
+    from_pretrained bit for bit and the logits are equal; the save_pretrained directory and the shards start a run (--init-from). A converter migrate does not apply is
     refused naming the tensor."""
     import transformers  # lazy: seconds to import
 
@@ -166,8 +167,11 @@ def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_
     gate_up, down = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
     inter = full[down].shape[2]
     gate, up = full[gate_up].split(inter, dim=1)
-    assert torch.equal(rank1[gate_up], torch.cat([gate[:, inter // 2 :], up[:, inter // 2 :]], dim=1))
-    assert torch.equal(rank1[down], full[down][:, :, inter // 2 :])
+    if "layers.*.mlp.experts.gate_up_proj" in transformers.MixtralConfig.base_model_tp_plan:  # up to 5.24
+        assert torch.equal(rank1[gate_up], torch.cat([gate[:, inter // 2 :], up[:, inter // 2 :]], dim=1))
+        assert torch.equal(rank1[down], full[down][:, :, inter // 2 :])
+    else:  # 5.25 moved the experts to base_model_ep_plan: tensor parallel replicates them, as transformers does
+        assert torch.equal(rank1[gate_up], full[gate_up]) and torch.equal(rank1[down], full[down])
     assert gate_up in load_file(str(back / "model.safetensors"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(back).state_dict()
     assert loaded.keys() == full.keys() and all(torch.equal(loaded[n], full[n]) for n in full)
