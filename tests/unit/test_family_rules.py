@@ -149,8 +149,8 @@ def test_mixtral_per_expert_checkpoints_migrate_as_transformers_merges_them(tmp_
     transformers' plan says: up to 5.24 packed_colwise (each rank its gate and up rows of every expert) and
     down_proj (experts, hidden, intermediate) rowwise on its last dim; from 5.25 the experts are in the expert
     parallel plan only, so tensor parallel replicates them. Back to GPU, the fused tensors load with
-    from_pretrained bit for bit and the logits are equal; the save_pretrained directory and the shards start a run (--init-from). A converter migrate does not apply is
-    refused naming the tensor."""
+    from_pretrained bit for bit and the logits are equal; the save_pretrained directory and the shards start a
+    run (--init-from). A converter migrate does not apply is refused naming the tensor."""
     import transformers  # lazy: seconds to import
 
     src, nxd, back = tmp_path / "hf", tmp_path / "nxd", tmp_path / "back"
