@@ -112,6 +112,7 @@ def render(result: Comparison, name_a: str, name_b: str) -> str:
     rows = [
         ("backend", "backend", "{}"),
         ("real tokens/s", "tokens_per_second", "{:.1f}"),
+        ("MFU", "mfu", "{:.2%}"),
         ("compilations", "compilations", "{}"),
         ("compile seconds", "compile_seconds", "{:.1f}"),
         ("padding", "padding_fraction", "{:.1%}"),
@@ -120,7 +121,8 @@ def render(result: Comparison, name_a: str, name_b: str) -> str:
     ]
     lines.append(f"{'':22}{'A':>24}{'B':>24}")
     for label, key, fmt in rows:
-        cells = [fmt.format(r[key]) if r[key] is not None else "-" for r in result.runs]
+        missing = "n/a" if key == "mfu" else "-"
+        cells = [fmt.format(r[key]) if r[key] is not None else missing for r in result.runs]
         lines.append(f"{label:22}{cells[0]:>24}{cells[1]:>24}")
     sources = sorted({r["price_source"] for r in result.runs if r["price_source"]})
     lines += [f"price: {s}" for s in sources]

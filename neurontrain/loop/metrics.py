@@ -16,6 +16,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from neurontrain.fileio import write_file_atomic
 from neurontrain.logs import get_logger, is_rank_zero
+from neurontrain.loop.mfu import FlopCount, Utilisation
 
 
 class MetricsWriter:
@@ -79,9 +80,10 @@ class StepLog:
 
     A logged training step is one record: loss, learning rate, and since the previous logged step the real
     tokens a second and the padding share (over all workers), the compilations so far, the real tokens trained
-    since step 1 (`tokens_seen`) and the wall-clock time. Token counts come
-    in per micro-batch (`count`). On rank 0 tqdm's bar shows the steps, and the package's log lines are printed
-    above it instead of through it.
+    since step 1 (`tokens_seen`), the wall-clock time and, given the run's `utilisation`, the MFU of the interval
+    (null where the device has no known peak). Token counts come in per micro-batch (`count`). On rank 0 tqdm's
+    bar shows the steps (and the MFU where there is one), and the package's log lines are printed above it
+    instead of through it.
     """
 
     def __init__(
@@ -92,9 +94,12 @@ class StepLog:
         first_step: int,
         compilations: Callable[[], int],
         global_counts: Callable[[int, int], tuple[int, int]],
+        utilisation: tuple[FlopCount, Utilisation] | None = None,
     ) -> None:
         """compilations: graphs compiled since the run started; global_counts: (real, slot) token counts summed
-        over the workers (a collective)."""
+        over the workers (a collective); utilisation: FLOPs a token and the devices' peak, for MFU."""
+        self.utilisation = utilisation
+        self._flops = 0.0  # this worker's training FLOPs since the last logged step
         self.writer = writer
         self._bar_range = (total_steps, first_step)
         self._compilations = compilations
@@ -130,6 +135,8 @@ class StepLog:
         if length is not None:
             counts = self.buckets.setdefault(length, [0, 0, 0])  # micro-batches, real tokens, slots
             counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + real, counts[2] + slots
+            if self.utilisation is not None:
+                self._flops += real * self.utilisation[0].per_token(length)
         self._real += real
         self._slots += slots
         self.real_tokens += real
@@ -150,11 +157,15 @@ class StepLog:
             "tokens_seen": self.tokens_seen + real,
             "time": round(time.time(), 3),
         }
+        if self.utilisation is not None:  # every worker's rows share the step's length: its FLOPs a token
+            flops = self._flops * real / self._real if self._real else 0.0
+            record["mfu"] = self.utilisation[1].mfu(flops, seconds)
         self.tokens_seen += real
         self.writer.log(record)
         if self._bar is not None:
-            self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        self._since, self._real, self._slots = now, 0, 0
+            mfu = {"mfu": f"{record['mfu']:.1%}"} if record.get("mfu") is not None else {}
+            self._bar.set_postfix(loss=f"{loss:.4f}", **mfu, refresh=False)
+        self._since, self._real, self._slots, self._flops = now, 0, 0, 0.0
 
     def record(self, record: dict[str, Any]) -> None:
         """Record anything else (an evaluation)."""

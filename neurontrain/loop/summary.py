@@ -19,6 +19,7 @@ from typing import Any
 
 from neurontrain.fileio import write_file_atomic
 from neurontrain.loop.guard import RecompilationGuard
+from neurontrain.loop.mfu import mfu_of
 
 
 @dataclass(kw_only=True)
@@ -52,6 +53,8 @@ class RunSummary:
     tokens_per_second: float  # real (non-padding) training tokens a second, all workers
     padding_fraction: float  # share of batch slots that were padding
     wall_seconds: float  # seconds from set-up to the end of the loop
+    mfu: float | None = None  # model FLOPs utilisation over wall_seconds (null on CPU or an unknown device: mfu_basis)
+    mfu_basis: dict | None = None  # model_flops (planner's count), device, devices, peak FLOP/s each, or the reason
     eval_loss: float | None = None  # loss of the last evaluation, when the recipe evaluates
     eval_accuracy: float | None = None  # accuracy of the last evaluation (sequence classification)
     device_bytes: list[dict] = field(default_factory=list)  # per worker: live device-tensor bytes by planner category
@@ -133,6 +136,7 @@ def build_summary(
         tokens_per_second=throughput.real_tokens / wall if wall > 0 else 0.0,
         padding_fraction=1.0 - throughput.real_tokens / max(throughput.slot_tokens, 1),
         wall_seconds=wall,
+        mfu=mfu_of(fields.get("mfu_basis"), wall),
         **fields,
     )
 
@@ -151,6 +155,7 @@ CONSOLE_FIELDS = (
     "tokens_per_second",
     "padding_fraction",
     "wall_seconds",
+    "mfu",
 )
 
 

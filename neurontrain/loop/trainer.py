@@ -21,7 +21,7 @@ from neurontrain.loop.finite import LossWatch, check_finite_eval, check_finite_w
 from neurontrain.loop.guard import RecompilationGuard
 from neurontrain.loop.metrics import MetricsWriter, StepLog
 from neurontrain.loop.rng import graph_seed
-from neurontrain.loop.run_facts import report_fields
+from neurontrain.loop.run_facts import report_fields, run_utilisation
 from neurontrain.loop.strategies import Strategy, build_strategy
 from neurontrain.loop.summary import RunSummary, Throughput, build_summary
 from neurontrain.model.build import build_model, host_copies, move_to_device, save_pretrained
@@ -116,8 +116,7 @@ class Trainer:
         prepare_packed_classifier(self.model, recipe.task, self.plan.packing)
         backend.compile_model(self.model, self.planned_graphs, units)
         self.strategy = build_strategy(self.plan, self.model, backend, self.dp)
-        self._compiles_at_start = backend.compile_count()
-        self._compile_seconds_at_start = backend.compile_seconds()
+        self._compiles_at_start, self._compile_seconds_at_start = backend.compile_count(), backend.compile_seconds()
         self.guard = RecompilationGuard(
             self.plan.expected_graphs(),
             recipe.train.recompile_guard,
@@ -146,6 +145,7 @@ class Trainer:
             first_step=self.start_step,
             compilations=self._compilations,
             global_counts=self.dp.sum_counts,
+            utilisation=run_utilisation(recipe, self.plan, backend),
         )
         self.batches = self._train_batches()
 
@@ -258,7 +258,7 @@ class Trainer:
             eval_accuracy=self.last_eval.get("eval_accuracy"),
             device_bytes=self.dp.all_gather_object(self.strategy.memory(self.model)),
             rank_checks=self.ranks.counts() if self.dp.enabled else None,
-            **report_fields(self.recipe, self.plan, self.guard.timeline, self.dp, self.log.buckets),
+            **report_fields(recipe, plan, guard.timeline, self.dp, self.log.buckets, self.log.utilisation),
         )
         if self.writes:
             summary.write(self.output_dir)

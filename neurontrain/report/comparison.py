@@ -139,6 +139,7 @@ def _figures(summary: dict[str, Any], instance: str | None, prices: dict[str, Pr
         "recipe": summary.get("recipe"),
         "backend": summary.get("backend"),
         "tokens_per_second": tps,
+        "mfu": summary.get("mfu"),
         "compilations": summary.get("compilations"),
         "compile_seconds": summary.get("compile_seconds"),
         "padding_fraction": summary.get("padding_fraction"),

@@ -21,6 +21,7 @@ FIGURES = (  # summary.json fields of the runs table, with their headings
     ("eval_loss", "eval loss"),
     ("eval_accuracy", "eval accuracy"),
     ("tokens_per_second", "real tokens/s"),
+    ("mfu", "MFU"),
     ("compilations", "compilations"),
     ("compile_seconds", "compile s"),
     ("unexpected_graphs", "unexpected graphs"),
@@ -76,7 +77,7 @@ def _runs_table(runs: list[RunFiles]) -> str:
     for i, run in enumerate(runs):
         cells = "".join(
             f'<td data-field="{key}" data-value="{_e(json.dumps(run.summary.get(key)))}">'
-            f"{_e(_fmt(run.summary.get(key)))}</td>"
+            f"{_e(_cell(run.summary, key))}</td>"
             for key, _ in FIGURES
         )
         rows.append(f'<tr data-run="{i}"><td title="{_e(str(run.path))}">{_e(run.name)}</td>{cells}</tr>')
@@ -146,6 +147,16 @@ def _table(title: str, table_id: str, headings: list[str], rows: list[list[Any]]
     head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in headings) + "</tr>"
     body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
     return f'<h2>{_e(title)}</h2>\n<table id="{table_id}">{head}{body}</table>'
+
+
+def _cell(summary: dict, key: str) -> str:
+    """A runs-table cell: MFU as a percentage, or n/a and why (a CPU, a device of unknown peak)."""
+    if key != "mfu":
+        return _fmt(summary.get(key))
+    if summary.get("mfu") is not None:
+        return f"{summary['mfu']:.2%}"
+    reason = (summary.get("mfu_basis") or {}).get("reason")
+    return f"n/a ({reason})" if reason else "-"
 
 
 def _fmt(value: Any) -> str:
