@@ -210,11 +210,16 @@ class ParallelSpec(_Strict):
     tp: Literal["auto"] | int = "auto"  # tensor-parallel degree (Neuron, through neuronx-distributed)
     # native backend, several workers: FSDP2 (fully_shard) shards parameters, gradients and AdamW state by layer
     fsdp: bool = False
+    # pipeline stages (auto: the memory planner adds stages once tensor parallel at its largest does not fit);
+    # a step's micro-batches through the pipeline are train.grad_accum (or global_batch_size's share)
+    pp: Literal["auto"] | int = "auto"
 
     @model_validator(mode="after")
     def _positive(self) -> ParallelSpec:
         if self.tp != "auto" and self.tp < 1:
             raise ValueError(f"parallel.tp must be auto or a positive integer (got {self.tp})")
+        if self.pp != "auto" and self.pp < 1:
+            raise ValueError(f"parallel.pp must be auto or a positive integer (got {self.pp})")
         return self
 
 

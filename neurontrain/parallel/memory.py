@@ -77,6 +77,8 @@ class Workload:
     length: int  # the longest planned sequence (the largest bucket used)
     precision: str  # fp32 | bf16
     world: int  # workers (cores) in the run
+    grad_accum: int = 1  # micro-batches a step on one data-parallel worker (train.grad_accum)
+    step_samples: int | None = None  # train.global_batch_size: the micro-batches follow the data-parallel degree
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +87,8 @@ class Config:
     checkpointing: str  # none | full | every_N
     tp: int = 1
     fsdp: bool = False  # native backend: FSDP2 shards parameters, gradients and AdamW state over the replicas
+    pp: int = 1  # pipeline stages (`pipeline_memory.py` sizes each)
+    sequence_parallel: bool = False  # NxD's: the activations outside the TP-split matmuls split over the TP ranks
 
     def label(self) -> str:
         parts = ["FSDP" if self.fsdp else "ZeRO-1" if self.zero1 else "DP"]
@@ -92,6 +96,10 @@ class Config:
             parts.append(f"checkpointing {self.checkpointing}")
         if self.tp > 1:
             parts.append(f"TP {self.tp}")
+        if self.sequence_parallel:
+            parts.append("sequence parallel")
+        if self.pp > 1:
+            parts.append(f"PP {self.pp}")
         return " + ".join(parts)
 
 
@@ -106,8 +114,9 @@ class Target:
 @dataclass(frozen=True)
 class Estimate:
     config: Config
-    bytes: dict[str, int]
+    bytes: dict[str, int]  # under pipeline parallel: the stage that needs the most
     capacity: int
+    stages: tuple[StageEstimate, ...] = ()  # pipeline parallel: every stage
 
     @property
     def total(self) -> int:
@@ -116,6 +125,20 @@ class Estimate:
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    first_layer: int
+    layers: int
+    embeddings: bool  # the stage holds what comes before the first layer
+    head: bool  # the stage holds what comes after the last layer (final norm, LM head, the logits)
+    in_flight: int  # micro-batches whose activations the stage keeps at once
+    bytes: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
 
 
 # Device memory per chip and NeuronCores per chip, from the Neuron architecture pages (Trainium: 32 GiB, two
@@ -226,9 +249,10 @@ def score_bytes(model: ModelShape, compute: int) -> int:
     return 4 + (1 if dropout else 0) + (compute if compute != 4 or dropout else 0)
 
 
-def layer_bytes(model: ModelShape, work: Workload, tp: int) -> int:
+def layer_bytes(model: ModelShape, work: Workload, tp: int, sequence_parallel: bool = False) -> int:
     """Bytes one transformer layer keeps for backward for one micro-batch (B x L tokens). Tensor parallel
-    splits the attention heads and the MLP's intermediate size; the norms and the matmul inputs stay whole.
+    splits the attention heads and the MLP's intermediate size; the norms and the matmul inputs stay whole,
+    unless sequence parallel splits them too (over the sequence, across the TP ranks).
 
     Gated (Llama-style) layer, per token: two RMSNorms keep their fp32 input and normalized output (4 x 4h),
     under bf16 the bf16 copies the matmuls read (2 x 2h); q, k and v (repeated to every query head) and the
@@ -247,17 +271,24 @@ def layer_bytes(model: ModelShape, work: Workload, tp: int) -> int:
         split = c * (4 * q_dim + 2 * model.intermediate)
     tokens = work.batch * work.length
     scores = work.batch * (model.heads // tp) * work.length * work.length * score_bytes(model, c)
-    return tokens * (whole + split // tp) + scores
+    return tokens * (whole // (tp if sequence_parallel else 1) + split // tp) + scores
+
+
+def kept_and_recomputed(model: ModelShape, work: Workload, config: Config) -> tuple[int, int]:
+    """(what one micro-batch's layers keep until their backward, what a recomputing layer adds in backward). A
+    checkpointed layer keeps only its fp32 input (split by sequence parallel), and in backward one layer at a
+    time holds its full activations again while it recomputes."""
+    full = layer_bytes(model, work, config.tp, config.sequence_parallel)
+    checkpointed = checkpointed_layer_count(config.checkpointing, model.layers)
+    kept_input = work.batch * work.length * model.hidden * 4 // (config.tp if config.sequence_parallel else 1)
+    recompute = full if checkpointed else 0
+    return (model.layers - checkpointed) * full + checkpointed * kept_input, recompute
 
 
 def activation_bytes(model: ModelShape, work: Workload, config: Config) -> int:
-    """All layers; a checkpointed layer keeps only its fp32 input, and in backward one layer at a time holds
-    its full activations again while it recomputes."""
-    full = layer_bytes(model, work, config.tp)
-    checkpointed = checkpointed_layer_count(config.checkpointing, model.layers)
-    kept_input = work.batch * work.length * model.hidden * 4
-    recompute = full if checkpointed else 0
-    return (model.layers - checkpointed) * full + checkpointed * kept_input + recompute
+    """All layers, one micro-batch at a time (`kept_and_recomputed`)."""
+    kept, recompute = kept_and_recomputed(model, work, config)
+    return kept + recompute
 
 
 def logits_bytes(model: ModelShape, work: Workload, spec: ShardingSpec | None) -> int:
@@ -275,7 +306,7 @@ def estimate(model: ModelShape, work: Workload, config: Config, target: Target) 
         raise UsageError(
             f"parallel.tp {config.tp}: no tensor-parallel rules for this {model.family} model at that degree"
         )
-    dp = max(work.world // config.tp, 1)
+    dp = max(work.world // (config.tp * config.pp), 1)
     shapes = [(tp_shape(spec, p), p.matmul) for p in model.params]
     held = sum(math.prod(shape) for shape, _ in shapes)
     sharded = config.zero1 or config.fsdp

@@ -8,6 +8,8 @@ Order of the candidates (each pinned recipe value narrows it to that value):
      layers than N), then full: the fewest recomputed layers first
   4. tensor parallel (only where neuronx-distributed is importable): each degree that divides the world and
      passes the head rules of `checkpoint migrate`, smallest first, each through the same steps
+  5. pipeline parallel, once tensor parallel at its largest does not fit (`pipeline_candidates`): the largest
+     TP degree up to 32, then 2, 4, ... stages, each without and then with activation checkpointing
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ from neurontrain.parallel.memory import (
     estimate,
     sharding_spec,
 )
+from neurontrain.parallel.pipeline_memory import describe_pipeline, pipeline_estimate
 
 AUTO_CHECKPOINTING = ("every_4", "every_2", "full")
+# The TP degree of every pipeline layout NxD Training and the Neuron SDK publish for Trainium (Llama 3 70B on trn1
+# and trn2, Llama 3.1 405B): pipeline candidates keep tensor parallel within 32 ranks and add stages instead
+PIPELINE_MAX_TP = 32
+TABLE_COLUMNS = 8
 INSTANCES = {"trn1": "trn1.32xlarge", "trn2": "trn2.48xlarge"}  # 16 chips each
 CHIPS_PER_INSTANCE = 16
 
@@ -40,6 +47,7 @@ class Pins:
     checkpointing: str | None = None
     tp: int | None = None
     fsdp: bool | None = None  # native backend: parallel.fsdp
+    pp: int | None = None  # parallel.pp
 
 
 def native_tp_degrees(model: ModelShape, world: int) -> list[int]:
@@ -74,6 +82,28 @@ def native_candidates(model: ModelShape, world: int, pins: Pins, tp_available: b
             config = Config(zero1=False, fsdp=fsdp, checkpointing=pins.checkpointing or checkpointing, tp=tp)
             if config not in out:
                 out.append(config)
+    return out
+
+
+def pipeline_candidates(model: ModelShape, world: int, pins: Pins, tp_available: bool, native: bool) -> list[Config]:
+    """Pipeline layouts: the pinned TP degree or the largest up to PIPELINE_MAX_TP, then each stage count that
+    divides the world (every stage a layer at least), each without and then with activation checkpointing.
+    Under NxD (not native) the stages count NxD's sequence parallelism, as its pipeline layouts run. None for
+    tied embeddings (their gradient would have to be summed between the first and last stages: not built)."""
+    if pins.pp == 1 or model.tied_embeddings:
+        return []
+    degrees = (native_tp_degrees if native else tp_degrees)(model, world) if tp_available else []
+    tp = pins.tp if pins.tp is not None else max([t for t in degrees if t <= PIPELINE_MAX_TP], default=1)
+    pps = [pins.pp] if pins.pp is not None else range(2, model.layers + 1)
+    levels = [ac for ac in AUTO_CHECKPOINTING if ac == "full" or int(ac.removeprefix("every_")) < model.layers]
+    out: list[Config] = []
+    for pp in pps:
+        if world % (tp * pp) or pp > model.layers:
+            continue
+        fsdp = native and bool(pins.fsdp) and world // (tp * pp) > 1
+        split = tp > 1 and not native
+        for ac in [pins.checkpointing] if pins.checkpointing else ["none", *levels]:
+            out.append(Config(zero1=False, fsdp=fsdp, checkpointing=ac, tp=tp, pp=pp, sequence_parallel=split))
     return out
 
 
@@ -155,14 +185,28 @@ class MemoryPlan:
                 for e in self.tried
             ],
             "choice": _config_dict(self.choice.config),
+            "pipeline": describe_pipeline(self.choice, self.work) if self.choice.config.pp > 1 else None,
             "fits": self.fits,
             "advice": self.advice or None,
             "notes": self.notes,
         }
 
     def table(self) -> str:
-        """The per-core table, one column per configuration tried (GiB)."""
-        labels = [_short(e.config) for e in self.tried]
+        """The per-core table, one column per configuration tried (the last TABLE_COLUMNS of them; GiB), and
+        under pipeline parallel one column per stage of the choice."""
+        shown = self.tried[-TABLE_COLUMNS:]
+        table = self._columns(shown, [_short(e.config) for e in shown])
+        if len(shown) < len(self.tried):
+            table += f"\n({len(self.tried) - len(shown)} earlier candidates do not fit; `run --dry-run` lists them)"
+        stages = self.choice.stages
+        if stages:
+            table += "\n" + self._columns(
+                [Estimate(self.choice.config, s.bytes, self.choice.capacity) for s in stages],
+                [f"stage{i}:L{s.first_layer}-{s.first_layer + s.layers - 1}" for i, s in enumerate(stages)],
+            )
+        return table
+
+    def _columns(self, estimates: list[Estimate], labels: list[str]) -> str:
         width = max(8, *(len(label) + 2 for label in labels))
         head = (
             f"memory per core: {self.target.name}, {gib(self.target.core_bytes)} GiB ({self.target.source}); "
@@ -170,9 +214,9 @@ class MemoryPlan:
         )
         rows = [head, "GiB".ljust(12) + "".join(label.rjust(width) for label in labels)]
         for category in CATEGORIES:
-            rows.append(category.ljust(12) + "".join(gib(e.bytes[category]).rjust(width) for e in self.tried))
-        rows.append("total".ljust(12) + "".join(gib(e.total).rjust(width) for e in self.tried))
-        rows.append("fits".ljust(12) + "".join(("yes" if e.fits else "no").rjust(width) for e in self.tried))
+            rows.append(category.ljust(12) + "".join(gib(e.bytes[category]).rjust(width) for e in estimates))
+        rows.append("total".ljust(12) + "".join(gib(e.total).rjust(width) for e in estimates))
+        rows.append("fits".ljust(12) + "".join(("yes" if e.fits else "no").rjust(width) for e in estimates))
         return "\n".join(rows)
 
 
@@ -182,6 +226,8 @@ def gib(n: int) -> str:
 
 def _config_dict(config: Config) -> dict:
     out = {"zero1": config.zero1, "activation_checkpointing": config.checkpointing, "tp": config.tp}
+    if config.pp > 1:
+        out |= {"pp": config.pp, "sequence_parallel": config.sequence_parallel}
     return {**out, "fsdp": True} if config.fsdp else out  # the native backend's FSDP2
 
 
@@ -190,7 +236,9 @@ def _short(config: Config) -> str:
     if config.checkpointing != "none":
         parts.append(config.checkpointing)
     if config.tp > 1:
-        parts.append(f"TP{config.tp}")
+        parts.append(f"TP{config.tp}" + ("SP" if config.sequence_parallel else ""))
+    if config.pp > 1:
+        parts.append(f"PP{config.pp}")
     return "+".join(parts)
 
 
@@ -208,8 +256,15 @@ def plan_memory(
     choice."""
     tried = []
     order = native_candidates if native else candidates
-    for config in order(model, work.world, pins, tp_available):
-        tried.append(native_estimate(model, work, config, target) if native else estimate(model, work, config, target))
+    configs = [] if pins.pp not in (None, 1) else order(model, work.world, pins, tp_available)
+    configs += pipeline_candidates(model, work.world, pins, tp_available, native)
+    for config in configs:
+        if config.pp > 1:
+            tried.append(pipeline_estimate(model, work, config, target))
+        elif native:
+            tried.append(native_estimate(model, work, config, target))
+        else:
+            tried.append(estimate(model, work, config, target))
         if tried[-1].fits:
             return MemoryPlan(target=target, work=work, tried=tried, choice=tried[-1], enforced=enforced)
     if native:

@@ -66,14 +66,22 @@ def plan_recipe_memory(recipe: Recipe, config: Any, backend: str, world: int, lo
         neuron_target = os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"]
     target, notes = resolve_target(neuron_target, runtime.device_memory_gib, backend, _lnc())
     enforced = runtime.device_memory_gib is not None or (backend == "neuron" and neuron_target != "auto")
-    train, tp = recipe.train, recipe.parallel.tp
+    train, tp, pp = recipe.train, recipe.parallel.tp, recipe.parallel.pp
     pins = Pins(
         zero1=None if train.zero1 == "auto" else train.zero1,
         checkpointing=None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
         tp=None if tp == "auto" else tp,
         fsdp=recipe.parallel.fsdp,
+        pp=None if pp == "auto" else pp,
     )
-    work = Workload(batch=recipe.data.batch_size, length=longest, precision=train.precision, world=world)
+    work = Workload(
+        batch=recipe.data.batch_size,
+        length=longest,
+        precision=train.precision,
+        world=world,
+        grad_accum=train.grad_accum,
+        step_samples=train.global_batch_size,
+    )
     native = backend == "native"
     if native:  # DTensors by transformers' plan (parallel/native_tp.py)
         tp_available = bool(getattr(meta_model(recipe, config), "tp_plan", None))
@@ -94,8 +102,9 @@ def plan_recipe_memory(recipe: Recipe, config: Any, backend: str, world: int, lo
 
 
 def with_memory_choice(recipe: Recipe, plan: MemoryPlan) -> Recipe:
-    """The recipe with train.zero1, train.activation_checkpointing and parallel.tp set to the plan's choice."""
+    """The recipe with train.zero1, train.activation_checkpointing, parallel.tp and parallel.pp set to the plan's
+    choice."""
     config = plan.choice.config
     train = recipe.train.model_copy(update={"zero1": config.zero1, "activation_checkpointing": config.checkpointing})
-    parallel = recipe.parallel.model_copy(update={"tp": config.tp})
+    parallel = recipe.parallel.model_copy(update={"tp": config.tp, "pp": config.pp})
     return recipe.model_copy(update={"train": train, "parallel": parallel})

@@ -25,11 +25,11 @@ from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.errors import UsageError
 from neurontrain.logs import get_logger
 from neurontrain.model.build import ModelDims, build_config, meta_model, model_dims
-from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.parallel.memory_choice import MemoryPlan
 from neurontrain.parallel.native_tp import resolved_plan
 from neurontrain.parallel.tensor_parallel import check_trainable, model_spec, require_nxd
 from neurontrain.plan.buckets import Buckets, cost_model, fit_to_fixed_buckets, has_eval, with_packing
+from neurontrain.plan.layouts import check_backend, pinned_stages, pinned_tp, pipeline_notes
 from neurontrain.plan.memory_inputs import plan_recipe_memory, with_memory_choice
 from neurontrain.plan.packing import with_packed_rows
 from neurontrain.recipe import Recipe
@@ -53,8 +53,9 @@ class RunPlan:
     train_lengths_used: list[int]
     auto_estimate: dict | None = None
     notes: list[str] = field(default_factory=list)
-    world: int = 1  # data-parallel workers (all the workers divided by tp)
+    world: int = 1  # data-parallel workers (all the workers divided by tp x pp)
     tp: int = 1  # tensor-parallel degree (parallel.tp, or the memory planner's choice)
+    pp: int = 1  # pipeline stages (parallel.pp, or the memory planner's choice)
     host_reduce: bool = False  # gradients leave the device to be all-reduced (gloo), between two graphs
     fsdp: bool = False  # native workers shard the model with FSDP2, one unit and one compiled graph per layer
     memory: MemoryPlan | None = None  # per-core memory by category; its choice is already in `recipe`
@@ -224,14 +225,6 @@ def _used_lengths(batcher: Batcher, recipe: Recipe, world: int, samples: int) ->
         raise UsageError(str(exc)) from None
 
 
-def _tp_pinned(recipe: Recipe, world: int) -> int:
-    """The recipe's parallel.tp when it is a number (1 for auto), checked against the number of workers."""
-    tp = recipe.parallel.tp if recipe.parallel.tp != "auto" else 1
-    if world % tp:
-        raise UsageError(f"parallel.tp: {tp} needs a multiple of {tp} workers (this run has {world})")
-    return tp
-
-
 @dataclass
 class _Batching:
     batcher: Batcher
@@ -274,29 +267,25 @@ def _tensor_parallel_recipe(recipe: Recipe, config: Any, tp: int, notes: list[st
     return recipe.model_copy(update={"checkpoint": spec.model_copy(update={"every": every, "save_final": False})})
 
 
-def _check_backend(recipe: Recipe, backend: str, world: int, tp: int) -> None:
-    """Refuse what the backend does not train (before any data is prepared)."""
-    hub_kernels(recipe, backend)
-    if backend == "native" and tp > 1 and world > tp and not recipe.parallel.fsdp:
-        raise UsageError(
-            f"backend native: parallel.tp: {tp} on {world} workers needs parallel.fsdp: true (FSDP2 x TP on a 2D "
-            "mesh; DDP over tensor-parallel DTensors is not built)"
-        )
-    if backend == "native" and world > 1 and recipe.train.zero1 is True:
-        raise UsageError(
-            "backend native: train.zero1 is not built on the native backend (parallel.fsdp shards AdamW's state)"
-        )
-    if recipe.parallel.fsdp and backend != "native":
-        raise UsageError(
-            f"parallel.fsdp: FSDP2 runs on the native backend (--backend native); on {backend}, train.zero1 "
-            "shards the optimizer state"
-        )
+def _model_parallel_recipe(
+    recipe: Recipe, config: Any, backend: str, layout: tuple[int, int, int], notes: list[str]
+) -> Recipe:
+    """The recipe as tensor and pipeline parallel (`layout`: dp, tp, pp) train it, refused where they cannot."""
+    dp, tp, pp = layout
+    notes += pipeline_notes(backend, pp)
+    if tp > 1 and backend == "native":
+        resolved_plan(meta_model(recipe, config), tp)  # a family without a plan, heads tp does not divide: exit 2
+        notes.append(f"mesh: dp {dp} x tp {tp} ({'FSDP2' if dp > 1 else 'no FSDP2'} x TP)")
+    elif tp > 1:
+        recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
+    return recipe
 
 
 def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, world: int = 1) -> RunPlan:
-    """The plan for `world` workers: world / parallel.tp data-parallel workers split each batch."""
-    tp = _tp_pinned(recipe, world)
-    _check_backend(recipe, backend, world, tp)
+    """The plan for `world` workers: world / (parallel.tp x parallel.pp) data-parallel workers split each batch."""
+    tp = pinned_tp(recipe, world)
+    pp = pinned_stages(recipe, world, tp)
+    check_backend(recipe, backend, world, tp, pp)
     if recipe.data.streaming:
         return _stream_plan(recipe, backend, world, tp)
     data = data or prepare_data(recipe)
@@ -310,28 +299,25 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         )
     fit_to_fixed_buckets(recipe, data)
     # the bucket choice sees the recipe's own batch size; packing may then change it, and grad_accum with it
-    buckets = with_packing(with_world(recipe, world // tp), backend, data, dims, world // tp, notes)
-    # auto packing: about batch_size samples a step
-    recipe = with_packed_rows(recipe, buckets.packing_summary, world // tp)
-    run_recipe = with_world(recipe, world // tp)
-    batching = _batching(run_recipe, data, buckets, world // tp)
+    dp = world // (tp * pp)
+    buckets = with_packing(with_world(recipe, dp), backend, data, dims, dp, notes)
+    recipe = with_packed_rows(recipe, buckets.packing_summary, dp)  # auto packing: about batch_size samples a step
+    run_recipe = with_world(recipe, dp)
+    batching = _batching(run_recipe, data, buckets, dp)
     memory = plan_recipe_memory(run_recipe, config, backend, world, max(batching.used))
     if memory.enforced and not memory.fits:
         log.info(memory.table())
         memory.check()
-    if memory.choice.config.tp != tp:  # the planner chose tensor parallel: fewer data-parallel workers
-        tp = memory.choice.config.tp
-        run_recipe = with_world(recipe, world // tp)
-        batching = _batching(run_recipe, data, buckets, world // tp)
+    if (memory.choice.config.tp, memory.choice.config.pp) != (tp, pp):  # model parallel: fewer data-parallel workers
+        tp, pp = memory.choice.config.tp, memory.choice.config.pp
+        dp = world // (tp * pp)
+        run_recipe = with_world(recipe, dp)
+        batching = _batching(run_recipe, data, buckets, dp)
     recipe = with_memory_choice(run_recipe, memory)
     if recipe.task == "causal-lm":  # a batch without targets: NaN from its step on
         check_targets(data.train_lengths, batching.batcher.iterate(), len(batching.used), "training")
         check_targets(data.eval_lengths, batching.eval_batches, len(batching.eval_batches), "eval")
-    if tp > 1 and backend == "native":
-        resolved_plan(meta_model(recipe, config), tp)  # a family without a plan, heads tp does not divide: exit 2
-        notes.append(f"mesh: dp {world // tp} x tp {tp} ({'FSDP2' if world > tp else 'no FSDP2'} x TP)")
-    elif tp > 1:
-        recipe = _tensor_parallel_recipe(recipe, config, tp, notes)
+    recipe = _model_parallel_recipe(recipe, config, backend, (dp, tp, pp), notes)
     return RunPlan(
         recipe=recipe,
         backend=backend,
@@ -345,10 +331,11 @@ def make_plan(recipe: Recipe, backend: str, data: PreparedData | None = None, wo
         train_lengths_used=batching.used,
         auto_estimate=buckets.estimate,
         notes=notes,
-        world=world // tp,
+        world=dp,
         tp=tp,
-        host_reduce=world // tp > 1 and reduces_on_host(backend),
-        fsdp=recipe.parallel.fsdp and world // tp > 1,  # one replica has nothing to shard
+        pp=pp,
+        host_reduce=dp > 1 and reduces_on_host(backend),
+        fsdp=recipe.parallel.fsdp and dp > 1,  # one replica has nothing to shard
         memory=memory,
         packing=buckets.packing,
         packing_summary=buckets.packing_summary,
@@ -367,6 +354,8 @@ def _stream_plan(recipe: Recipe, backend: str, world: int, tp: int) -> RunPlan:
         log.info(memory.table())
         memory.check()
     tp = memory.choice.config.tp
+    if memory.choice.config.pp > 1:
+        raise UsageError("data.streaming: pipeline parallel is not built for streamed rows; give data.path whole")
     run_recipe = with_memory_choice(with_world(recipe, world // tp), memory)
     spec = run_recipe.data
     pieces, eval_batches = stream_eval_batches(

@@ -16,7 +16,7 @@ from neurontrain.loop.checkpoints import save_checkpoint
 from neurontrain.parallel.nxd_layout import fuse_moments, fuse_rank, unfuse_moments, unfuse_rank
 from neurontrain.parallel.rules import ShardingSpec, rule_for, shard
 from neurontrain.parallel.tensor_parallel import check_trainable
-from neurontrain.plan.planning import _tp_pinned
+from neurontrain.plan.layouts import pinned_tp
 from neurontrain.recipe import load_recipe
 
 NAMES = LLAMA_NAMES  # embeddings, one layer (q, k, v, o, gate, up, down, a norm), the final norm, lm_head
@@ -77,10 +77,10 @@ def test_a_vocabulary_tp_does_not_divide_is_refused():
 
 def test_tp_must_divide_the_workers(recipes):
     recipe = load_recipe(recipes / "tiny-llama-clm.yaml", ["parallel.tp=2"])
-    assert _tp_pinned(recipe, 4) == 2
+    assert pinned_tp(recipe, 4) == 2
     with pytest.raises(UsageError, match=r"parallel.tp: 2 needs a multiple of 2 workers \(this run has 3\)"):
-        _tp_pinned(recipe, 3)
-    assert _tp_pinned(load_recipe(recipes / "tiny-llama-clm.yaml"), 3) == 1  # auto: the planner decides
+        pinned_tp(recipe, 3)
+    assert pinned_tp(load_recipe(recipes / "tiny-llama-clm.yaml"), 3) == 1  # auto: the planner decides
 
 
 def test_rank_files_land_in_the_checkpoint(tmp_path):

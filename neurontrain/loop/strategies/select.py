@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from neurontrain.backends import Backend
+from neurontrain.errors import UsageError
 from neurontrain.loop.dataparallel import DataParallel
 from neurontrain.loop.strategies.base import Strategy
 from neurontrain.loop.strategies.native_ddp import NativeDDP
@@ -21,6 +22,8 @@ def build_strategy(plan: RunPlan, model: torch.nn.Module, backend: Backend, dp: 
     there is nothing to shard), else replicated AdamW; under tensor parallel, AdamW over this rank's shards
     (NxD's layers; on native workers DTensors, with FSDP2 over them under parallel.fsdp); on native workers,
     DDP or FSDP2 (parallel.fsdp)."""
+    if plan.pp > 1:
+        raise UsageError(f"parallel.pp {plan.pp}: {plan.backend} does not train pipeline stages yet")
     if plan.tp > 1 and backend.is_native:
         return NativeTensorParallel(plan, model, backend, dp)
     if plan.tp > 1:
