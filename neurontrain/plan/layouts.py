@@ -4,7 +4,7 @@ checked against the workers, what each backend trains, and what a plan says of i
 from __future__ import annotations
 
 from neurontrain.errors import UsageError
-from neurontrain.model.build import hub_kernels
+from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.recipe import Recipe
 
 
