@@ -62,7 +62,12 @@ class AutoBucketSpec(_Strict):
     saturation_tokens: int | None = Field(None, ge=0)
 
 
-DataSource = Literal["synthetic-sentiment", "synthetic-text", "json", "csv", "parquet", "hub"]
+DataSource = Literal["synthetic-sentiment", "synthetic-text", "synthetic-chat", "json", "csv", "parquet", "hub", "disk"]
+# TRL's dataset formats (data/sft.py): a text field, a `messages` conversation, or `prompt` + `completion`
+DataFormat = Literal["auto", "text", "messages", "prompt-completion"]
+# which tokens the loss is on; auto: TRL's choice for the format (text: all, prompt-completion: completion,
+# messages: the assistant turns)
+LossOn = Literal["auto", "all", "completion", "assistant"]
 
 
 class DataServiceSpec(_Strict):
@@ -106,6 +111,11 @@ class DataSpec(_Strict):
     # true: data.path's JSON-lines shards (a directory, a glob, a file or s3://bucket/prefix) are read as a stream
     # and packed on the fly into rows of data.max_length (data/streaming.py); nothing is held whole
     streaming: bool = False
+    format: DataFormat = "auto"
+    loss_on: LossOn = "auto"
+    # the chat template conversations are rendered with: a Jinja file, or "chatml" (the toolkit's, which marks
+    # assistant turns); None: the tokenizer's own
+    chat_template: str | None = None
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -115,7 +125,7 @@ class DataSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
-        if self.source in ("json", "csv", "parquet", "hub") and not self.path:
+        if self.source in ("json", "csv", "parquet", "hub", "disk") and not self.path:
             raise ValueError(f"data.path is required for source {self.source}")
         if isinstance(self.buckets, list):
             if not self.buckets:
@@ -128,7 +138,22 @@ class DataSpec(_Strict):
                 raise ValueError(f"largest bucket {self.buckets[-1]} exceeds data.max_length {self.max_length}")
         if self.streaming:
             self._check_streaming()
+        self._check_sft()
         return self
+
+    def sft_defaults(self) -> set[str]:
+        """The SFT settings left at their default (the fingerprints leave them out: settings added later)."""
+        defaults = {"format": "auto", "loss_on": "auto", "chat_template": None}
+        return {key for key, value in defaults.items() if getattr(self, key) == value}
+
+    def _check_sft(self) -> None:
+        """loss_on values the format cannot honour (auto resolves once the data's fields are known)."""
+        if self.loss_on == "completion" and self.format in ("text", "messages"):
+            raise ValueError(f"data.loss_on: completion needs prompt-completion data (data.format is {self.format})")
+        if self.loss_on == "assistant" and self.format == "text":
+            raise ValueError("data.loss_on: assistant needs conversations (data.format is text)")
+        if self.format not in ("auto", "text") and self.service.kind != "none":
+            raise ValueError(f"data.format {self.format} is tokenized in the training processes: no data.service")
 
     def _check_streaming(self) -> None:
         """What a stream cannot honour: its rows are data.max_length long, its documents continue across rows,
@@ -143,6 +168,7 @@ class DataSpec(_Strict):
             ("overlong" in given and self.overlong != "split", "cuts no document: leave data.overlong unset"),
             (self.max_docs_per_row is not None, "packs causal-LM rows: leave data.max_docs_per_row unset"),
             (self.service.kind != "none", "is read by every worker itself: data.service.kind must be none"),
+            (self.format not in ("auto", "text"), f"reads text: data.format {self.format} does not stream"),
         ]
         for refused, message in refusals:
             if refused:
@@ -267,6 +293,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
+        if self.task != "causal-lm" and (self.data.format not in ("auto", "text") or self.data.loss_on != "auto"):
+            raise ValueError(f"data.format and data.loss_on are for causal-lm: task {self.task} reads text")
         if self.data.streaming and self.task != "causal-lm":
             raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.task == "sequence-classification" and self.data.overlong == "split":
@@ -288,6 +316,7 @@ class Recipe(_Strict):
         unset_later = {"packing", "max_docs_per_row"} if self.data.packing == "off" else set()
         unset_later |= {"service"}  # where batches are made changes no batch
         unset_later |= set() if self.data.streaming else {"streaming"}
+        unset_later |= self.data.sft_defaults()
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -319,6 +348,7 @@ class Recipe(_Strict):
         fields |= {"eval_samples", "max_length", "overlong", "shuffle", "seed"} | (
             {"streaming"} if self.data.streaming else set()
         )
+        fields |= {"format", "loss_on", "chat_template"} - self.data.sft_defaults()
         payload = self.data.model_dump(mode="json", include=fields)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -28,6 +28,9 @@ class Collator:
     document's first token, so no prediction crosses a boundary. Sequence classification labels are
     (batch_size, max_docs), one per document slot, with `cls_positions` the slot's first token (ignored label
     and position 0 for an empty slot).
+
+    With `loss_masks` (SFT data: the loss on completions or assistant turns) a causal-LM label is also -100 where
+    the sample's mask is 0, packed or not; `loss_items` counts the labels left.
     """
 
     def __init__(
@@ -40,8 +43,10 @@ class Collator:
         rank: int = 0,
         world: int = 1,
         max_docs: int | None = None,
+        loss_masks: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.max_docs = max_docs
+        self.loss_masks = loss_masks  # SFT: 1 where a token is trained on; its label is -100 elsewhere
         self.token_ids = token_ids
         self.labels = labels
         self.task = task
@@ -63,15 +68,18 @@ class Collator:
         indices = worker_rows(batch.indices, self.rank, self.world) if self.world > 1 else batch.indices
         input_ids = np.full((rows, length), self.pad_id, dtype=np.int64)
         attention_mask = np.zeros((rows, length), dtype=np.int64)
+        trained = np.zeros((rows, length), dtype=np.int64)
         real = items = 0
         for row, index in enumerate(indices):
             ids = self.token_ids[index][:length]
             input_ids[row, : len(ids)] = ids
             attention_mask[row, : len(ids)] = 1
+            trained[row, : len(ids)] = 1 if self.loss_masks is None else self.loss_masks[index][: len(ids)]
             real += len(ids)
-            items += max(len(ids) - 1, 0) if self.task == "causal-lm" else 1  # causal LM: next-token labels
+            # causal LM: next-token labels, the first token predicted by nothing
+            items += int(trained[row, 1 : len(ids)].sum()) if self.task == "causal-lm" else 1
         if self.task == "causal-lm":
-            labels = np.where(attention_mask == 0, IGNORE_INDEX, input_ids)
+            labels = np.where(trained == 0, IGNORE_INDEX, input_ids)
         else:
             labels = np.full((rows,), IGNORE_INDEX, dtype=np.int64)
             for row, index in enumerate(indices):
@@ -110,8 +118,11 @@ class Collator:
                 position_ids[row, start : start + n] = np.arange(n)
                 real += n
                 if causal:
-                    labels[row, start + 1 : start + n] = ids[1:]
-                    items += max(n - 1, 0)
+                    targets = ids[1:]
+                    if self.loss_masks is not None:
+                        targets = np.where(np.asarray(self.loss_masks[index][1:n]) == 0, IGNORE_INDEX, targets)
+                    labels[row, start + 1 : start + n] = targets
+                    items += int((targets != IGNORE_INDEX).sum())
                 else:
                     labels[row, number - 1] = int(self.labels[index])
                     cls_positions[row, number - 1] = start

@@ -62,6 +62,8 @@ class TrainIds:
 def _prepare(recipe: Recipe) -> tuple[TrainIds, PreparedData]:
     data = prepare_data(recipe)
     assert data.train_ids is not None
+    if data.train_masks is not None:
+        raise UsageError(f"data.service: {data.store.get('format')} data (a loss mask) is not served by Ray yet")
     return TrainIds(data.train_ids, data.train_labels), data.without_train_ids()
 
 

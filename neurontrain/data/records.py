@@ -18,6 +18,16 @@ from neurontrain.recipe import Recipe
 
 CHUNK = 8192
 Chunk = tuple[str, dict[str, list]]
+GENERATED_COLUMNS = {
+    "synthetic-sentiment": ("content", "label"),
+    "synthetic-text": ("text",),
+    "synthetic-chat": ("messages",),
+}
+_GENERATORS = {
+    "synthetic-sentiment": synthetic.iter_sentiment_reviews,
+    "synthetic-text": synthetic.iter_story_text,
+    "synthetic-chat": synthetic.iter_conversations,
+}
 
 
 def _columns(records: list[dict]) -> dict[str, list]:
@@ -36,7 +46,13 @@ class RecordSource:
 
     @property
     def generated(self) -> bool:
-        return self.data.source in ("synthetic-sentiment", "synthetic-text")
+        return self.data.source in GENERATED_COLUMNS
+
+    def column_names(self) -> list[str]:
+        """The records' fields (a file or hub source is loaded to read them)."""
+        if self.generated:
+            return list(GENERATED_COLUMNS[self.data.source])
+        return list(self._datasets()[0].column_names)
 
     def identity(self) -> dict:
         """What the records are: the generator and its seed, a local file's path, size and modification time (as
@@ -46,7 +62,7 @@ class RecordSource:
         if self.generated:
             return out | {"seed": d.seed}
         out |= {"path": d.path, "name": d.name, "split": d.split, "eval_split": d.eval_split}
-        if d.source == "hub":
+        if d.source in ("hub", "disk"):
             train, evals = self._datasets()
             return out | {"fingerprints": [getattr(ds, "_fingerprint", None) for ds in (train, evals)]}
         path = Path(d.path)
@@ -70,17 +86,26 @@ class RecordSource:
         if evals is not None:
             yield from _dataset_chunks("eval", evals)
 
-    def train_texts(self, limit: int) -> Iterator[str]:
-        """The first `limit` training texts (a tokenizer trained on the corpus reads them)."""
+    def train_texts(self, limit: int, fmt: str = "text") -> Iterator[str]:
+        """The first `limit` training texts (a tokenizer trained on the corpus reads them): a text field, or
+        the roles and contents of conversations and the prompts and completions of prompt-completion data."""
         field = self.data.text_field
-        texts = (str(t) for split, cols in self.chunks() if split == "train" for t in _column(cols, field, "text"))
+        if fmt == "text":
+            texts = (str(t) for split, cols in self.chunks() if split == "train" for t in _column(cols, field, "text"))
+        else:
+            fields = ("messages",) if fmt == "messages" else ("prompt", "completion")
+            texts = (
+                " ".join(_strings(record))
+                for split, cols in self.chunks()
+                if split == "train"
+                for record in zip(*(cols[f] for f in fields))
+            )
         return itertools.islice(texts, limit)
 
     def _generated_chunks(self) -> Iterator[Chunk]:
         d = self.data
         n_train = d.train_samples or 2000
-        make = synthetic.iter_sentiment_reviews if d.source == "synthetic-sentiment" else synthetic.iter_story_text
-        records = make(n_train + d.eval_samples, d.seed)
+        records = _GENERATORS[d.source](n_train + d.eval_samples, d.seed)
         for split, count in (("train", n_train), ("eval", d.eval_samples)):
             left = count
             while left > 0:
@@ -92,6 +117,18 @@ class RecordSource:
         if self._loaded is None:
             self._loaded = _load_splits(self.recipe)
         return self._loaded
+
+
+def _strings(value: object) -> Iterator[str]:
+    """The strings in a record's value (message roles and contents, nested)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
 
 
 def _column(columns: dict[str, list], field: str | None, what: str) -> list:
@@ -123,6 +160,8 @@ def _load(recipe: Recipe, split: str) -> Any:
     try:
         if data.source == "hub":
             return datasets.load_dataset(data.path, data.name, split=split)
+        if data.source == "disk":
+            return _from_disk(datasets, Path(data.path), split)
         path = Path(data.path)
         if not path.exists():
             raise UsageError(f"data.path not found: {path}")
@@ -131,6 +170,18 @@ def _load(recipe: Recipe, split: str) -> Any:
         raise
     except Exception as exc:  # datasets raises many types; the user needs one line
         raise UsageError(f"cannot load data ({data.source} {data.path}, split {split}): {first_line(exc)}") from None
+
+
+def _from_disk(datasets: Any, path: Path, split: str) -> Any:
+    """A split of a directory `Dataset.save_to_disk` or `DatasetDict.save_to_disk` wrote (load_from_disk)."""
+    if not path.exists():
+        raise UsageError(f"data.path not found: {path}")
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise UsageError(f"data.path {path} has the splits {sorted(loaded)}, not {split!r} (data.split)")
+        return loaded[split]
+    return loaded
 
 
 def _load_splits(recipe: Recipe) -> tuple[Any, Any]:

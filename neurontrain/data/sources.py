@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from neurontrain.data.overlong import OverlongCounts, fit_documents
+from neurontrain.data.overlong import OverlongCounts, fit_documents, fit_masked
 from neurontrain.data.records import RecordSource, label_column, text_column
+from neurontrain.data.sft import SFTFormat, detect_format, encoder_for_format, resolve, template_markers, template_text
 from neurontrain.data.store import SplitWriter, StoreEntry, open_or_build, token_dtype
 from neurontrain.data.token_seqs import TokenSeqs
 from neurontrain.data.tokenizers import build_tokenizer, encoder_for, load_tokenizer, save_tokenizer
@@ -44,6 +45,9 @@ class PreparedData:
     truncated: int
     known_train_lengths: list[int] | None = None  # set where train_ids is None
     store: dict = field(default_factory=dict)  # where the ids came from and what tokenizing them did
+    # SFT data: each sample's loss mask (1: trained on), over the ids' own starts and lengths; None: all tokens
+    train_masks: TokenSeqs | None = None
+    eval_masks: TokenSeqs | None = None
 
     @property
     def train_lengths(self) -> list[int]:
@@ -56,10 +60,12 @@ class PreparedData:
         return len(self.train_lengths)
 
     def without_train_ids(self) -> PreparedData:
-        return replace(self, train_ids=None, train_labels=None, known_train_lengths=list(self.train_lengths))
+        lengths = list(self.train_lengths)
+        return replace(self, train_ids=None, train_labels=None, train_masks=None, known_train_lengths=lengths)
 
     def truncate_train(self, index: int, limit: int) -> None:
-        """Cut training sample `index` to `limit` tokens (its length, where only lengths are held)."""
+        """Cut training sample `index` to `limit` tokens (its length, where only lengths are held; its loss mask
+        shares the ids' lengths)."""
         if self.train_ids is not None:
             self.train_ids.truncate(index, limit)
         else:
@@ -89,16 +95,37 @@ def _material(recipe: Recipe, source: RecordSource, tokenizer: Any) -> dict:
         "max_length": d.max_length,
         "overlong": d.overlong,
         "tokenizer": _tokenizer_identity(recipe, tokenizer),
-    }
+    } | ({"sft": _sft_identity(recipe, tokenizer)} if recipe.task == "causal-lm" else {})
 
 
-def _encoded(recipe: Recipe, source: RecordSource, encode: Callable) -> Iterator[tuple[str, dict, list]]:
-    """(split, columns, ids) of each chunk: a thread encodes one chunk (the Rust encoder releases the GIL) while
-    the next is read or generated."""
+def _sft_identity(recipe: Recipe, tokenizer: Any) -> dict:
+    """The SFT settings as declared (what they resolve to follows from them and the data) and the template's digest."""
+    d = recipe.data
+    template = template_text(d.chat_template, tokenizer) or ""
+    return {"format": d.format, "loss_on": d.loss_on, "template": hashlib.sha256(template.encode()).hexdigest()}
+
+
+def _tokenizer_name(recipe: Recipe) -> str:
+    name = recipe.tokenizer.pretrained or recipe.model.pretrained
+    return repr(name) if name else "(word-level, trained on the data)"
+
+
+def _sft_format(recipe: Recipe, source: RecordSource, tokenizer: Any) -> SFTFormat:
+    """The data's format, loss and template (sequence classification: text); bad combinations refused here."""
+    d = recipe.data
+    if recipe.task != "causal-lm":
+        return SFTFormat("text", "all", None)
+    columns = source.column_names()
+    return resolve(d.format, d.loss_on, d.chat_template, columns, d.text_field, tokenizer, _tokenizer_name(recipe))
+
+
+def _encoded(source: RecordSource, encode: Callable[[dict], tuple]) -> Iterator[tuple[str, dict, tuple]]:
+    """(split, columns, (ids, masks)) of each chunk: a thread encodes one chunk (the Rust encoder releases the
+    GIL) while the next is read or generated."""
     with ThreadPoolExecutor(1) as pool:
         pending = None
         for split, columns in source.chunks():
-            future = pool.submit(encode, text_column(columns, recipe))
+            future = pool.submit(encode, columns)
             if pending is not None:
                 yield pending[0], pending[1], pending[2].result()
             pending = (split, columns, future)
@@ -112,26 +139,44 @@ def _tokenize_into(recipe: Recipe, source: RecordSource, tokenizer: Any, directo
 
     d = recipe.data
     if tokenizer is None:
-        tokenizer = build_tokenizer(recipe, source.train_texts(WORD_LEVEL_SAMPLE))
+        fmt = detect_format(d.format, source.column_names(), d.text_field) if recipe.task == "causal-lm" else "text"
+        markers = template_markers(template_text(d.chat_template, None)) if fmt != "text" else []
+        tokenizer = build_tokenizer(recipe, source.train_texts(WORD_LEVEL_SAMPLE, fmt), markers)
         save_tokenizer(tokenizer, directory)
+    sft = _sft_format(recipe, source, tokenizer)
+    texts = encoder_for(tokenizer)
+    if recipe.task == "causal-lm":
+        encode = encoder_for_format(tokenizer, sft, texts, d.text_field)
+    else:
+        encode = lambda columns: (texts(text_column(columns, recipe)), None)  # noqa: E731
     dtype = token_dtype(len(tokenizer))
     writers = {split: SplitWriter(directory, split, dtype) for split in ("train", "eval")}
     counts = {split: OverlongCounts() for split in writers}
     total = source.count()
     interval = 0.5 if sys.stderr.isatty() else 30.0
     with tqdm(total=total, unit="doc", desc="tokenizing", disable=total < _PROGRESS_FROM, mininterval=interval) as bar:
-        for split, columns, encoded in _encoded(recipe, source, encoder_for(tokenizer)):
+        for split, columns, (encoded, masks) in _encoded(source, encode):
             first = counts[split].documents
-            samples, origin, made = fit_documents(encoded, d.max_length, d.overlong, split, first)
+            if masks is None:
+                samples, origin, made = fit_documents(encoded, d.max_length, d.overlong, split, first)
+            else:
+                samples, masks, origin, made = fit_masked(encoded, masks, d.max_length, d.overlong, split, first)
             labels = None
             if recipe.task == "sequence-classification":
                 values = _labels(label_column(columns, recipe), recipe.model.num_labels, first)
                 labels = [values[i] for i in origin]
-            writers[split].append(samples, labels)
+            writers[split].append(samples, labels, masks)
             counts[split].add(made)
             bar.update(made.documents)
-    splits = {split: writer.finish() for split, writer in writers.items()}
-    return {"splits": splits, "counts": {split: c.as_dict() for split, c in counts.items()}}
+    if sft.masked and counts["train"].documents and not counts["train"].samples:
+        raise UsageError(
+            f"no training sample has a token to train on (data.loss_on {sft.loss_on}: every one of the "
+            f"{counts['train'].documents} {sft.format} records has no {sft.loss_on} token within data.max_length "
+            f"{d.max_length})"
+        )
+    splits = {split: writer.finish(sft.masked) for split, writer in writers.items()}
+    resolved = {"format": sft.format, "loss_on": sft.loss_on}
+    return {"splits": splits, "counts": {split: c.as_dict() for split, c in counts.items()}, "sft": resolved}
 
 
 def prepare_data(recipe: Recipe) -> PreparedData:
@@ -155,6 +200,8 @@ def prepare_data(recipe: Recipe) -> PreparedData:
         evals.labels,
         truncated,
         store=_store_summary(entry),
+        train_masks=train.masks,
+        eval_masks=evals.masks,
     )
 
 
@@ -168,6 +215,10 @@ def _store_summary(entry: StoreEntry) -> dict:
         "tokens_dropped": sum(c["dropped_tokens"] for c in counts.values()),
         "documents_split": sum(c["split"] for c in counts.values()),
         "documents_truncated": sum(c["truncated"] for c in counts.values()),
+        # SFT: the format and loss the data resolved to, records dropped with nothing to train on, trained tokens
+        **entry.meta.get("sft", {}),
+        "documents_dropped": sum(c.get("dropped", 0) for c in counts.values()),
+        "trained_tokens": {split: c.get("trained_tokens") for split, c in counts.items()},
     }
 
 

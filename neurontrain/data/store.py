@@ -1,4 +1,5 @@
-"""The tokenized store: each split's token ids as one flat file plus offsets (and labels), built once per content
+"""The tokenized store: each split's token ids as one flat file plus offsets (and labels, and for SFT data a loss
+mask of a byte a token, `<split>.mask`), built once per content
 and memory-mapped by every process that trains on it.
 
 An entry is a directory `<root>/<key>` whose key is a digest of everything that changes the ids (the data source
@@ -63,23 +64,35 @@ class SplitWriter:
         self._tokens = open(directory / f"{split}.tokens", "wb")  # noqa: SIM115 - closed in finish
         self._lengths: list[np.ndarray] = []
         self._labels: list[np.ndarray] = []
+        self._masks = None  # `<split>.mask`: a byte a token (1: in the loss), opened by the first masked chunk
 
-    def append(self, samples: list, labels: list[int] | None) -> None:
+    def append(self, samples: list, labels: list[int] | None, masks: list | None = None) -> None:
         lengths = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
         if len(samples):
             flat = np.fromiter(itertools.chain.from_iterable(samples), dtype=self.dtype, count=int(lengths.sum()))
             self._tokens.write(flat.tobytes())
+        if masks is not None:
+            if self._masks is None:
+                self._masks = open(self.directory / f"{self.split}.mask", "wb")  # noqa: SIM115 - closed in finish
+            bits = np.fromiter(itertools.chain.from_iterable(masks), dtype=np.uint8, count=int(lengths.sum()))
+            self._masks.write(bits.tobytes())
         self._lengths.append(lengths)
         if labels is not None:
             self._labels.append(np.asarray(labels, dtype=np.int64))
 
-    def finish(self) -> dict:
+    def finish(self, masked: bool = False) -> dict:
+        """Close the files; `masked`: the split has a loss mask (written empty where no chunk had a sample)."""
         self._tokens.close()
+        if masked and self._masks is None:
+            self._masks = open(self.directory / f"{self.split}.mask", "wb")  # noqa: SIM115 - closed below
+        if self._masks is not None:
+            self._masks.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         np.save(self.directory / f"{self.split}.offsets.npy", offsets)
         out = {"samples": int(len(lengths)), "tokens": int(offsets[-1]), "dtype": self.dtype.str, "labels": False}
+        out["masks"] = self._masks is not None
         if self._labels:
             np.save(self.directory / f"{self.split}.labels.npy", np.concatenate(self._labels))
             out["labels"] = True
@@ -90,6 +103,7 @@ class SplitWriter:
 class StoredSplit:
     ids: TokenSeqs
     labels: list[int] | None
+    masks: TokenSeqs | None = None  # each sample's loss mask, over the same starts and lengths as `ids`
 
 
 @dataclass
@@ -109,7 +123,16 @@ class StoreEntry:
         )
         offsets = np.load(self.path / f"{name}.offsets.npy")
         labels = np.load(self.path / f"{name}.labels.npy").tolist() if info["labels"] else None
-        return StoredSplit(TokenSeqs.from_offsets(tokens, offsets), labels)
+        ids = TokenSeqs.from_offsets(tokens, offsets)
+        masks = None
+        if info.get("masks"):
+            bits = (
+                np.memmap(self.path / f"{name}.mask", dtype=np.uint8, mode="r", shape=(info["tokens"],))
+                if info["tokens"]
+                else np.zeros(0, dtype=np.uint8)
+            )
+            masks = TokenSeqs(bits, ids.starts, ids.lengths)  # the same lengths: a cut of the ids cuts the mask
+        return StoredSplit(ids, labels, masks)
 
 
 def _digest(path: Path) -> str:

@@ -78,3 +78,24 @@ def iter_story_text(n: int, seed: int, median_words: float = 40.0, sigma: float 
             sentences.append(s)
             words += len(s.split())
         yield {"text": " ".join(sentences)}
+
+
+_QUESTIONS = ("what does the {adj} {noun} do ?", "tell me about the {adj} {noun} .", "and the {adj} {noun} ?")
+_SYSTEM = "you answer questions about the story ."
+
+
+def iter_conversations(n: int, seed: int, turns_median: float = 2.0) -> Iterator[dict]:
+    """Chat records for the SFT recipes: {'messages': [{role, content}, ...]}: an optional system message, then
+    user questions about a short story and assistant answers that repeat facts of it (learnable)."""
+    rng = random.Random(f"chat:{seed}")
+    for _ in range(n):
+        story = [_sentence(rng) for _ in range(rng.randint(1, 3))]
+        messages = [{"role": "system", "content": _SYSTEM}] if rng.random() < 0.5 else []
+        for turn in range(_length(rng, turns_median, 0.5, 1, 4)):
+            fact = rng.choice(story).split()
+            subject, verb, obj = " ".join(fact[:3]), fact[3], " ".join(fact[4:7])
+            question = rng.choice(_QUESTIONS).format(adj=fact[1], noun=fact[2])
+            context = " ".join(story) + " " if turn == 0 else ""
+            messages.append({"role": "user", "content": context + question})
+            messages.append({"role": "assistant", "content": f"{subject} {verb} {obj} ."})
+        yield {"messages": messages}

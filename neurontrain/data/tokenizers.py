@@ -17,11 +17,12 @@ _SPECIALS = {
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def build_tokenizer(recipe: Recipe, corpus: Iterable[str]) -> Any:
-    """The pretrained tokenizer (`corpus` unused), or a word-level one trained on `corpus`."""
+def build_tokenizer(recipe: Recipe, corpus: Iterable[str], markers: Iterable[str] = ()) -> Any:
+    """The pretrained tokenizer (`corpus` and `markers` unused), or a word-level one trained on `corpus`, with
+    `markers` (a chat template's `<|...|>` tokens) as special tokens of their own."""
     spec = recipe.tokenizer
     if spec.word_level is not None:
-        return _word_level_tokenizer(recipe, corpus)
+        return _word_level_tokenizer(recipe, corpus, list(markers))
     from transformers import AutoTokenizer  # lazy: a second to import
 
     source = spec.pretrained or recipe.model.pretrained
@@ -49,14 +50,14 @@ def _wrap(recipe: Recipe, backend: Any) -> Any:
     )
 
 
-def _word_level_tokenizer(recipe: Recipe, corpus: Iterable[str]) -> Any:
+def _word_level_tokenizer(recipe: Recipe, corpus: Iterable[str], markers: list[str]) -> Any:
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors  # lazy: with transformers, below
     from tokenizers.models import WordLevel
     from tokenizers.trainers import WordLevelTrainer
 
     spec = recipe.tokenizer.word_level
     names = _SPECIALS[recipe.task]
-    specials = [names["pad"], names["unk"], names["bos"], names["eos"]]
+    specials = [names["pad"], names["unk"], names["bos"], names["eos"], *markers]
     tok = Tokenizer(WordLevel(unk_token=names["unk"]))
     if spec.lowercase:
         tok.normalizer = normalizers.Lowercase()
