@@ -21,6 +21,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters through peft (model/lora.py): the base frozen, only the adapters (and modules_to_save) train."""
+
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] | None = None  # None: peft's default for the model type
+    modules_to_save: list[str] = []
+    use_rslora: bool = False  # scale alpha / sqrt(r) instead of alpha / r
+    save_merged: bool = False  # also write <output>/model-merged: the base with the adapters merged in
+
+
 class ModelSpec(_Strict):
     pretrained: str | None = None
     config: dict[str, Any] | None = None
@@ -28,6 +40,7 @@ class ModelSpec(_Strict):
     num_labels: int = Field(2, ge=1)
     # Hugging Face hub kernels (downloaded code, CUDA only): off unless asked for, whatever transformers' default
     hub_kernels: bool = False
+    lora: LoraSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -295,6 +308,8 @@ class Recipe(_Strict):
     def _cross_checks(self) -> Recipe:
         if self.task != "causal-lm" and (self.data.format not in ("auto", "text") or self.data.loss_on != "auto"):
             raise ValueError(f"data.format and data.loss_on are for causal-lm: task {self.task} reads text")
+        if self.model.lora is not None and (self.parallel.tp not in ("auto", 1) or self.parallel.fsdp):
+            raise ValueError("model.lora trains on one worker or data parallel: not yet under parallel.tp or fsdp")
         if self.data.streaming and self.task != "causal-lm":
             raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.task == "sequence-classification" and self.data.overlong == "split":
@@ -320,6 +335,7 @@ class Recipe(_Strict):
         payload = self.model_dump(
             mode="json",
             exclude={
+                "model": set() if self.model.lora is not None else {"lora"},
                 "data": unset_later,
                 "checkpoint": True,
                 "train": {"max_steps", "log_every", "zero1", "activation_checkpointing"},
@@ -339,7 +355,8 @@ class Recipe(_Strict):
     def model_fingerprint(self) -> str:
         """Hash of what the model is: its architecture or checkpoint, labels and tokenizer (`compare` refuses
         runs of different models)."""
-        payload = self.model_dump(mode="json", include={"task": True, "model": True, "tokenizer": True})
+        model = {"pretrained", "config", "attn_implementation", "num_labels"} | ({"lora"} if self.model.lora else set())
+        payload = self.model_dump(mode="json", include={"task": True, "model": model, "tokenizer": True})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def data_fingerprint(self) -> str:

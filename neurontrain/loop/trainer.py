@@ -24,7 +24,7 @@ from neurontrain.loop.rng import graph_seed
 from neurontrain.loop.run_facts import report_fields, run_utilisation
 from neurontrain.loop.strategies import Strategy, build_strategy
 from neurontrain.loop.summary import RunSummary, Throughput, build_summary
-from neurontrain.model.build import build_model, host_copies, move_to_device, save_pretrained
+from neurontrain.model.build import build_model, host_copies, load_weights, move_to_device, save_pretrained
 from neurontrain.model.packed import prepare_packed_classifier
 from neurontrain.parallel.fsdp_units import planned_graph_count, transformer_layers
 from neurontrain.plan.planning import RunPlan
@@ -284,7 +284,7 @@ class Trainer:
         build them for the device model. An RNG state in the checkpoint (written by earlier versions) is not
         needed: the step's seed is. checkpoint: the directory, for ZeRO-1's per-rank optimizer files."""
         if "model" in state:  # else FSDP2's shards: the strategy loads them once it has sharded the model
-            self.model.load_state_dict(state["model"])
+            load_weights(self.model, state["model"])  # with LoRA: the adapters only
         self.position, self.stream_position = int(state["data_position"]), state.get("stream_position")
         self._restored = _Restored(state["optimizer"], state["scheduler"], checkpoint)
 
@@ -396,5 +396,5 @@ class Trainer:
         target = self.output_dir / "model"
         cpu_state = host_copies(weights, self.model)
         check_finite_weights(cpu_state, self.recipe.train.max_steps, "the final model")
-        save_pretrained(self.model, target, cpu_state)
+        save_pretrained(self.model, target, cpu_state, self.recipe)
         self.plan.data.tokenizer.save_pretrained(str(target))

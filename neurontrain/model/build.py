@@ -23,6 +23,12 @@ from neurontrain.errors import UsageError, first_line
 from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.model.input_probe import probe_model_inputs
 from neurontrain.model.inputs import MASK_4D, ModelInputs
+from neurontrain.model.lora import (
+    apply_lora,
+    is_lora,
+    load_weights,  # noqa: F401 - the trainer's, beside build_model
+    save_lora,
+)
 from neurontrain.model.packed import packed_inputs
 from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.parallel.tensor_parallel import to_tensor_parallel
@@ -196,6 +202,7 @@ def model_dims(recipe: Recipe, config: Any) -> ModelDims:
     calls the model, from a two-layer copy of it on eager CPU (`model/input_probe.py`)."""
     model = meta_model(recipe, config)
     n_params = sum(p.numel() for p in model.parameters())
+    apply_lora(model, recipe)  # a target the model lacks is refused here, before anything compiles
     return ModelDims(
         model_type=config.model_type,
         n_params=n_params,
@@ -227,6 +234,7 @@ def build_model(recipe: Recipe, config: Any) -> torch.nn.Module:
     except Exception as exc:
         raise UsageError(f"cannot build model: {first_line(exc)}") from None
     static_experts(model, recipe.runtime.backend)
+    model = apply_lora(model, recipe)
     tp = recipe.parallel.tp
     if tp != "auto" and tp > 1 and resolve_backend_name(recipe.runtime.backend) != "native":
         to_tensor_parallel(model, tp)  # native: the strategy shards it by transformers' plan (DTensors)
@@ -386,7 +394,11 @@ def host_copies(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dic
     return {name: copies[canonical.get(name, name)] for name in weights}
 
 
-def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor]) -> None:
-    """`model.save_pretrained` without DeepSpeed's accelerator warning (`_deepspeed_accelerator_named`)."""
+def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor], recipe: Recipe) -> None:
+    """`model.save_pretrained` without DeepSpeed's accelerator warning (`_deepspeed_accelerator_named`); a LoRA
+    model's adapter folder (and with model.lora.save_merged the merged model beside it, `model/lora.py`)."""
     with _deepspeed_accelerator_named():
-        model.save_pretrained(str(target), state_dict=state_dict)
+        if is_lora(model):
+            save_lora(model, target, state_dict, merged=recipe.model.lora is not None and recipe.model.lora.save_merged)
+        else:
+            model.save_pretrained(str(target), state_dict=state_dict)

@@ -46,6 +46,7 @@ class Param:
     name: str
     shape: tuple[int, ...]
     matmul: bool  # a weight or bias some matmul reads (autocast makes a bf16 copy of it)
+    trainable: bool = True  # False: frozen (a LoRA run's base): no gradient, no optimizer state
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,11 +314,14 @@ def estimate(model: ModelShape, work: Workload, config: Config, target: Target) 
     shard = sum(shard_numel(shape or (1,), dp) for shape, _ in shapes) if sharded else held
     matmul = sum(math.prod(shape) for shape, is_matmul in shapes if is_matmul)
     kept = shard if config.fsdp else held  # FSDP2 keeps a slice of the weights and gradients too
+    trained = [shape for (shape, _), p in zip(shapes, model.params) if p.trainable]  # gradients and AdamW state
+    trained_held = sum(math.prod(shape) for shape in trained)
+    trained_shard = sum(shard_numel(shape or (1,), dp) for shape in trained) if sharded else trained_held
     sizes = {
         "parameters": 4 * kept,
-        "gradients": 4 * kept,
-        "optimizer": 8 * shard,
-        "master": 4 * shard if config.zero1 else 0,
+        "gradients": 4 * (trained_shard if config.fsdp else trained_held),
+        "optimizer": 8 * trained_shard,
+        "master": 4 * trained_shard if config.zero1 else 0,
         "autocast": 2 * matmul if work.precision == "bf16" else 0,
         "activations": activation_bytes(model, work, config),
         "logits": logits_bytes(model, work, spec),

@@ -11,6 +11,7 @@ import torch
 
 from neurontrain.errors import UsageError
 from neurontrain.model.build import meta_model
+from neurontrain.model.lora import apply_lora, base_name
 from neurontrain.parallel.memory import ModelShape, Param, Workload, resolve_target
 from neurontrain.parallel.memory_choice import MemoryPlan, Pins, plan_memory
 from neurontrain.recipe import Recipe
@@ -19,10 +20,12 @@ from neurontrain.recipe import Recipe
 def model_shape(recipe: Recipe, config: Any) -> ModelShape:
     """Plain numbers for the planner: every parameter's name and shape (tied weights once), which ones a matmul
     reads (nn.Linear weights and biases, a tied LM head's weight included), and the config's sizes."""
-    model = meta_model(recipe, config)
+    model = apply_lora(meta_model(recipe, config), recipe)  # LoRA: the base frozen, the adapters trained
     linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     matmul = {id(p) for module in linears for p in (module.weight, module.bias) if p is not None}
-    params = tuple(Param(name, tuple(p.shape), id(p) in matmul) for name, p in model.named_parameters())
+    params = tuple(
+        Param(base_name(name), tuple(p.shape), id(p) in matmul, p.requires_grad) for name, p in model.named_parameters()
+    )
     hidden = int(config.hidden_size)
     heads = int(config.num_attention_heads)
     attention_dropout = getattr(config, "attention_dropout", None)

@@ -23,6 +23,7 @@ from neurontrain.loop.optim import (
     materialize_optimizer_state,
     moment_tensors,
 )
+from neurontrain.model.lora import checkpoint_weights
 from neurontrain.parallel.zero1_state import consolidate
 from neurontrain.recipe import Recipe
 
@@ -72,8 +73,9 @@ class Replicated:
         return self.optimizer.state_dict()
 
     def model_state(self, model: torch.nn.Module) -> dict | None:
-        """The weights a checkpoint's state.pt holds (None: they are in the checkpoint's shards)."""
-        return model.state_dict()
+        """The weights a checkpoint's state.pt holds (None: they are in the checkpoint's shards; with LoRA the
+        trained tensors only)."""
+        return checkpoint_weights(model)
 
     def export_state(self, model: torch.nn.Module) -> dict:
         """The whole weights for the final `model/` export; every worker calls it (FSDP2 gathers them)."""
