@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neurontrain.errors import UsageError
+from neurontrain.recipe_sft import DataFormat, LoraSpec, LossOn, check_fine_tuning, check_sft, sft_defaults
 
 Task = Literal["sequence-classification", "causal-lm"]
 BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "native", "eager"]
@@ -19,18 +20,6 @@ BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "native", "eager"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LoraSpec(_Strict):
-    """LoRA adapters through peft (model/lora.py): the base frozen, only the adapters (and modules_to_save) train."""
-
-    r: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] | None = None  # None: peft's default for the model type
-    modules_to_save: list[str] = []
-    use_rslora: bool = False  # scale alpha / sqrt(r) instead of alpha / r
-    save_merged: bool = False  # also write <output>/model-merged: the base with the adapters merged in
 
 
 class ModelSpec(_Strict):
@@ -76,11 +65,6 @@ class AutoBucketSpec(_Strict):
 
 
 DataSource = Literal["synthetic-sentiment", "synthetic-text", "synthetic-chat", "json", "csv", "parquet", "hub", "disk"]
-# TRL's dataset formats (data/sft.py): a text field, a `messages` conversation, or `prompt` + `completion`
-DataFormat = Literal["auto", "text", "messages", "prompt-completion"]
-# which tokens the loss is on; auto: TRL's choice for the format (text: all, prompt-completion: completion,
-# messages: the assistant turns)
-LossOn = Literal["auto", "all", "completion", "assistant"]
 
 
 class DataServiceSpec(_Strict):
@@ -151,22 +135,8 @@ class DataSpec(_Strict):
                 raise ValueError(f"largest bucket {self.buckets[-1]} exceeds data.max_length {self.max_length}")
         if self.streaming:
             self._check_streaming()
-        self._check_sft()
+        check_sft(self)
         return self
-
-    def sft_defaults(self) -> set[str]:
-        """The SFT settings left at their default (the fingerprints leave them out: settings added later)."""
-        defaults = {"format": "auto", "loss_on": "auto", "chat_template": None}
-        return {key for key, value in defaults.items() if getattr(self, key) == value}
-
-    def _check_sft(self) -> None:
-        """loss_on values the format cannot honour (auto resolves once the data's fields are known)."""
-        if self.loss_on == "completion" and self.format in ("text", "messages"):
-            raise ValueError(f"data.loss_on: completion needs prompt-completion data (data.format is {self.format})")
-        if self.loss_on == "assistant" and self.format == "text":
-            raise ValueError("data.loss_on: assistant needs conversations (data.format is text)")
-        if self.format not in ("auto", "text") and self.service.kind != "none":
-            raise ValueError(f"data.format {self.format} is tokenized in the training processes: no data.service")
 
     def _check_streaming(self) -> None:
         """What a stream cannot honour: its rows are data.max_length long, its documents continue across rows,
@@ -306,10 +276,7 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
-        if self.task != "causal-lm" and (self.data.format not in ("auto", "text") or self.data.loss_on != "auto"):
-            raise ValueError(f"data.format and data.loss_on are for causal-lm: task {self.task} reads text")
-        if self.model.lora is not None and (self.parallel.tp not in ("auto", 1) or self.parallel.fsdp):
-            raise ValueError("model.lora trains on one worker or data parallel: not yet under parallel.tp or fsdp")
+        check_fine_tuning(self)
         if self.data.streaming and self.task != "causal-lm":
             raise ValueError(f"data.streaming packs documents into causal-LM rows: task {self.task} does not stream")
         if self.task == "sequence-classification" and self.data.overlong == "split":
@@ -331,7 +298,7 @@ class Recipe(_Strict):
         unset_later = {"packing", "max_docs_per_row"} if self.data.packing == "off" else set()
         unset_later |= {"service"}  # where batches are made changes no batch
         unset_later |= set() if self.data.streaming else {"streaming"}
-        unset_later |= self.data.sft_defaults()
+        unset_later |= sft_defaults(self.data)
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -355,8 +322,10 @@ class Recipe(_Strict):
     def model_fingerprint(self) -> str:
         """Hash of what the model is: its architecture or checkpoint, labels and tokenizer (`compare` refuses
         runs of different models)."""
-        model = {"pretrained", "config", "attn_implementation", "num_labels"} | ({"lora"} if self.model.lora else set())
-        payload = self.model_dump(mode="json", include={"task": True, "model": model, "tokenizer": True})
+        without = {"model": {"lora"}} if self.model.lora is None else None  # a setting added later, at its default
+        payload = self.model_dump(
+            mode="json", include={"task": True, "model": True, "tokenizer": True}, exclude=without
+        )
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def data_fingerprint(self) -> str:
@@ -365,7 +334,7 @@ class Recipe(_Strict):
         fields |= {"eval_samples", "max_length", "overlong", "shuffle", "seed"} | (
             {"streaming"} if self.data.streaming else set()
         )
-        fields |= {"format", "loss_on", "chat_template"} - self.data.sft_defaults()
+        fields |= {"format", "loss_on", "chat_template"} - sft_defaults(self.data)
         payload = self.data.model_dump(mode="json", include=fields)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

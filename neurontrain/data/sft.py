@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neurontrain.errors import UsageError
+from neurontrain.errors import UsageError, first_line
 
 FIELDS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion")}
 DEFAULT_LOSS_ON = {"text": "all", "messages": "assistant", "prompt-completion": "completion"}
@@ -150,8 +150,6 @@ def _chat(tokenizer: Any, sft: SFTFormat, conversations: list, **kwargs: Any) ->
             conversations, chat_template=sft.template, tokenize=True, return_dict=True, **kwargs
         )
     except Exception as exc:  # jinja and transformers raise many types; the user needs one line
-        from neurontrain.errors import first_line
-
         raise UsageError(f"cannot render the conversations with the chat template: {first_line(exc)}") from None
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from neurontrain.errors import UsageError, first_line
-from neurontrain.recipe import LoraSpec, Recipe
+from neurontrain.recipe import Recipe
+from neurontrain.recipe_sft import LoraSpec
 
 MERGED_DIR = "model-merged"
 _TASK_TYPES = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
