@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neurontrain.errors import UsageError
-from neurontrain.recipe_sft import DataFormat, LoraSpec, LossOn, check_fine_tuning, check_sft, sft_defaults
+from neurontrain.recipe_sft import DataFormat, LoraSpec, LossOn, check_fine_tuning, check_sft, sft_defaults, unset_lora
 
 Task = Literal["sequence-classification", "causal-lm"]
 BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "native", "eager"]
@@ -110,9 +110,7 @@ class DataSpec(_Strict):
     streaming: bool = False
     format: DataFormat = "auto"
     loss_on: LossOn = "auto"
-    # the chat template conversations are rendered with: a Jinja file, or "chatml" (the toolkit's, which marks
-    # assistant turns); None: the tokenizer's own
-    chat_template: str | None = None
+    chat_template: str | None = None  # a Jinja file, or chatml (the toolkit's: it marks assistant turns); None: own
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -151,7 +149,6 @@ class DataSpec(_Strict):
             ("overlong" in given and self.overlong != "split", "cuts no document: leave data.overlong unset"),
             (self.max_docs_per_row is not None, "packs causal-LM rows: leave data.max_docs_per_row unset"),
             (self.service.kind != "none", "is read by every worker itself: data.service.kind must be none"),
-            (self.format not in ("auto", "text"), f"reads text: data.format {self.format} does not stream"),
         ]
         for refused, message in refusals:
             if refused:
@@ -322,10 +319,7 @@ class Recipe(_Strict):
     def model_fingerprint(self) -> str:
         """Hash of what the model is: its architecture or checkpoint, labels and tokenizer (`compare` refuses
         runs of different models)."""
-        without = {"model": {"lora"}} if self.model.lora is None else None  # a setting added later, at its default
-        payload = self.model_dump(
-            mode="json", include={"task": True, "model": True, "tokenizer": True}, exclude=without
-        )
+        payload = self.model_dump(mode="json", include={"task", "model", "tokenizer"}, exclude=unset_lora(self))
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def data_fingerprint(self) -> str:

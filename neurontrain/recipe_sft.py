@@ -43,6 +43,13 @@ def check_sft(data: Any) -> None:
         raise ValueError("data.loss_on: assistant needs conversations (data.format is text)")
     if fmt not in ("auto", "text") and data.service.kind != "none":
         raise ValueError(f"data.format {fmt} is tokenized in the training processes: no data.service")
+    if fmt not in ("auto", "text") and data.streaming:
+        raise ValueError(f"data.streaming reads text: data.format {fmt} does not stream")
+
+
+def unset_lora(recipe: Any) -> dict:
+    """What a fingerprint leaves out of a recipe without model.lora (a setting added later, at its default)."""
+    return {"model": {"lora"}} if recipe.model.lora is None else {}
 
 
 def check_fine_tuning(recipe: Any) -> None:
