@@ -72,6 +72,10 @@ class PreparedData:
             assert self.known_train_lengths is not None
             self.known_train_lengths[index] = min(self.known_train_lengths[index], limit)
 
+    def masks(self, split: str) -> TokenSeqs | None:
+        """The loss masks of the train or eval samples (None: every token is trained on)."""
+        return self.train_masks if split == "train" else self.eval_masks
+
     @property
     def eval_lengths(self) -> list[int]:
         return self.eval_ids.lengths

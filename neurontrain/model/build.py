@@ -23,12 +23,7 @@ from neurontrain.errors import UsageError, first_line
 from neurontrain.model.hub_kernels import hub_kernels
 from neurontrain.model.input_probe import probe_model_inputs
 from neurontrain.model.inputs import MASK_4D, ModelInputs
-from neurontrain.model.lora import (
-    apply_lora,
-    is_lora,
-    load_weights,  # noqa: F401 - the trainer's, beside build_model
-    save_lora,
-)
+from neurontrain.model.lora import apply_lora, load_weights, save_model  # noqa: F401 - load_weights: the trainer's
 from neurontrain.model.packed import packed_inputs
 from neurontrain.parallel.checkpointing import checkpoint_interval
 from neurontrain.parallel.tensor_parallel import to_tensor_parallel
@@ -398,7 +393,4 @@ def save_pretrained(model: torch.nn.Module, target: Path, state_dict: dict[str, 
     """`model.save_pretrained` without DeepSpeed's accelerator warning (`_deepspeed_accelerator_named`); a LoRA
     model's adapter folder (and with model.lora.save_merged the merged model beside it, `model/lora.py`)."""
     with _deepspeed_accelerator_named():
-        if is_lora(model):
-            save_lora(model, target, state_dict, merged=recipe.model.lora is not None and recipe.model.lora.save_merged)
-        else:
-            model.save_pretrained(str(target), state_dict=state_dict)
+        save_model(model, target, state_dict, recipe)

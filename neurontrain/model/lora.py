@@ -102,11 +102,11 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None
     model.load_state_dict(state, strict=False)
 
 
-def save_lora(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor], merged: bool) -> None:
-    """peft's adapter folder at `target` from `state_dict` (the whole model's host copies, under peft's names);
-    with `merged`, the base with the adapters merged in beside it (`model-merged/`)."""
+def save_model(model: torch.nn.Module, target: Path, state_dict: dict[str, torch.Tensor], recipe: Recipe) -> None:
+    """`model.save_pretrained` from `state_dict` (the whole model's host copies): with LoRA peft's adapter folder,
+    and with model.lora.save_merged the base with the adapters merged in beside it (`model-merged/`)."""
     model.save_pretrained(str(target), state_dict=state_dict)
-    if merged:
+    if is_lora(model) and recipe.model.lora is not None and recipe.model.lora.save_merged:
         merged_model(model, state_dict).save_pretrained(str(target.parent / MERGED_DIR))
 
 

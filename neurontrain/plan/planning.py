@@ -100,12 +100,11 @@ class RunPlan:
                 raise ValueError("a streaming plan's training batches are collated by its stream")
             if data.train_ids is None:
                 raise ValueError("this plan holds the training lengths only: its batches come from the data service")
-            ids, labels, size, masks = data.train_ids, data.train_labels, spec.batch_size, data.train_masks
+            ids, labels, size = data.train_ids, data.train_labels, spec.batch_size
         else:
-            ids, labels, masks = data.eval_ids, data.eval_labels, data.eval_masks
-            size = spec.eval_batch_size or spec.batch_size
+            ids, labels, size = data.eval_ids, data.eval_labels, spec.eval_batch_size or spec.batch_size
         max_docs = self.packing.max_docs if self.packing is not None else None
-        return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs, masks)
+        return Collator(ids, labels, self.recipe.task, size, data.pad_id, rank, self.world, max_docs, data.masks(split))
 
     def train_batches(self, rank: int, position: int, stream_position: dict | None, count: int) -> Iterator[dict]:
         """Worker `rank`'s `count` collated training micro-batches from `position` (a stream's: `stream_position`)."""
