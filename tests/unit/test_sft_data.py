@@ -91,3 +91,23 @@ def test_overlong_conversations_are_truncated_or_dropped(tmp_path: Path, monkeyp
     for i in range(len(prepared.train_ids)):
         assert np.array_equal(again.train_masks[i], prepared.train_masks[i])
         assert np.array_equal(again.train_ids[i], prepared.train_ids[i])
+
+
+LORA_BAD = {
+    "a target module the model does not have": ("{r: 4, target_modules: [q_proj, nope]}", "has no module 'nope'"),
+    "rank zero": ("{r: 0}", "model.lora.r"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LORA_BAD))
+def test_bad_lora_settings(case: str, capsys):
+    value, expected = LORA_BAD[case]
+    recipe = str(Path(__file__).parents[2] / "recipes" / "tiny-llama-sft-lora.yaml")
+    code, _, err = cli_in_process(
+        capsys, "run", recipe, "--dry-run", "--backend", "eager", "--set", f"model.lora={value}"
+    )
+
+    class Result:
+        returncode, stderr = code, err
+
+    assert_one_line_usage_error(Result, expected)
