@@ -60,7 +60,7 @@ def test_runs_its_planned_graphs_and_trains_on_the_answers(shipped_run: Path):
     trained, kept = summary["data"]["trained_tokens"]["train"], summary["data"]["tokens_kept"]
     assert 0 < trained < kept / 2  # the assistant turns only
     losses = [r["loss"] for r in read_metrics(shipped_run / "metrics.jsonl") if "loss" in r]
-    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3, losses
+    assert sum(losses[-3:]) / 3 < 0.95 * sum(losses[:3]) / 3, losses  # 20 steps of a shipped 30
     assert summary["eval_loss"] < summary["first_loss"]
 
 
