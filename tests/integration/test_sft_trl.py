@@ -54,6 +54,8 @@ CASES = {  # records, the template the tokenizer has, the one the recipe names, 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_trained_tokens_are_trls(tmp_path: Path, monkeypatch, case: str):
     monkeypatch.setenv("NEURONTRAIN_DATA_CACHE", str(tmp_path / "store"))
+    # TRL's trainer probes torch-xla; an in-process CLI test before this one may leave PJRT_DEVICE unset
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
     kind, own, named, assistant_only = CASES[case]
     qwen = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5_training.jinja").read_text()
     records = records_of(kind)
