@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neurontrain.errors import UsageError
-from neurontrain.recipe_sft import DataFormat, LoraSpec, LossOn, check_fine_tuning, check_sft, sft_defaults, unset_lora
+from neurontrain.recipe_sft import LoraSpec, SFTDataFields, check_fine_tuning, check_sft, sft_defaults, unset_lora
 
 Task = Literal["sequence-classification", "causal-lm"]
 BackendName = Literal["auto", "neuron", "xla-cpu", "xla-cuda", "native", "eager"]
@@ -78,7 +78,7 @@ class DataServiceSpec(_Strict):
     prefetch_batches: int = Field(4, ge=0)  # batches each training worker keeps in flight
 
 
-class DataSpec(_Strict):
+class DataSpec(SFTDataFields, _Strict):
     source: DataSource
     path: str | None = None
     name: str | None = None
@@ -108,9 +108,6 @@ class DataSpec(_Strict):
     # true: data.path's JSON-lines shards (a directory, a glob, a file or s3://bucket/prefix) are read as a stream
     # and packed on the fly into rows of data.max_length (data/streaming.py); nothing is held whole
     streaming: bool = False
-    format: DataFormat = "auto"
-    loss_on: LossOn = "auto"
-    chat_template: str | None = None  # a Jinja file, or chatml (the toolkit's: it marks assistant turns); None: own
 
     @field_validator("packing", mode="before")
     @classmethod

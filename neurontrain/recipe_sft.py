@@ -15,6 +15,14 @@ LossOn = Literal["auto", "all", "completion", "assistant"]
 SFT_DEFAULTS = {"format": "auto", "loss_on": "auto", "chat_template": None}
 
 
+class SFTDataFields(BaseModel):
+    """The data section's SFT settings (recipe.py's DataSpec has them)."""
+
+    format: DataFormat = "auto"
+    loss_on: LossOn = "auto"
+    chat_template: str | None = None  # a Jinja file, or chatml (the toolkit's: it marks assistant turns); None: own
+
+
 class LoraSpec(BaseModel):
     """LoRA adapters through peft (model/lora.py): the base frozen, only the adapters (and modules_to_save) train."""
 
