@@ -16,9 +16,23 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from neurontrain.loop.checkpoints import MARKER, checkpoint_name, complete_checkpoints
-
+# The layout of loop/checkpoints.py, which is not imported here: it loads torch, and the node entry starts without
+# (a unit test holds the two to the same names).
+MARKER = "COMPLETE"
+_DIR = re.compile(r"^step_(\d{8})$")
 _STEP = re.compile(r"^step_(\d{8})/(.+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of the checkpoints under `root` with their marker, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), e) for e in root.iterdir() if (m := _DIR.match(e.name)) and (e / MARKER).is_file()]
+    return sorted(found)
 
 
 def remote_steps(keys: list[str]) -> dict[int, list[str]]:

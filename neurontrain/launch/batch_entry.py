@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from neurontrain.errors import HealthCheckFailed, UsageError
+from neurontrain.launch.batch_checkpoints import CheckpointMirror
 from neurontrain.launch.instances import ec2_instance
 from neurontrain.launch.sagemaker_entry import run_neurontrain
 from neurontrain.launch.slurm import ROOT_COMM_PORT
@@ -138,6 +139,32 @@ def publish(client: Any, run_dir: Path, url: str) -> None:
         client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(run_dir).as_posix()}")
 
 
+def init_from_url(arguments: list[str]) -> tuple[int, str] | None:
+    """Pure: (position, URL) of an `--init-from s3://...` among `run`'s arguments, or None."""
+    for i, word in enumerate(arguments[:-1]):
+        if word == "--init-from" and arguments[i + 1].startswith("s3://"):
+            return i + 1, arguments[i + 1]
+    return None
+
+
+def fetch_init_from(client: Any, arguments: list[str], target: Path) -> list[str]:
+    """`--init-from s3://bucket/prefix` (a previous job's model, M5's incremental training) fetched into `target`
+    on this node; the arguments with the local directory instead."""
+    found = init_from_url(arguments)
+    if found is None:
+        return arguments
+    position, url = found
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    prefix = prefix.strip("/") + "/"
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    if not keys:
+        raise UsageError(f"--init-from {url}: no objects under it")
+    for key in keys:
+        _download(client, f"s3://{bucket}/{key}", target / key[len(prefix) :])
+    return [*arguments[:position], str(target), *arguments[position + 1 :]]
+
+
 def node_environment(node: BatchNode, master: str, env: dict[str, str]) -> dict[str, str]:
     """The Neuron and EFA variables of the Slurm path: the instance type's, and the root communicator on the main
     node's address."""
@@ -160,12 +187,15 @@ def main(env: dict[str, str] | None = None, runner: Callable[..., int] | None = 
 
 def _node_main(node: BatchNode, env: dict[str, str], arguments: list[str], recipe_url: str, job_url: str,
                runner: Callable[..., int]) -> int:  # fmt: skip
-    from neurontrain.launch.batch_checkpoints import CheckpointMirror  # lazy: it loads torch
-
     work = Path(env.get("NEURONTRAIN_WORK_DIR", "/tmp/neurontrain-batch"))
     run_dir, client = work / "run", _s3_client()
     recipe_file = work / "recipe.json"
     _download(client, recipe_url, recipe_file)
+    try:
+        arguments = fetch_init_from(client, arguments, work / "init-from")
+    except UsageError as exc:
+        print(f"neurontrain: error: {exc}", file=sys.stderr)
+        return 2
     mirror = CheckpointMirror(f"{job_url}/checkpoints", run_dir / "checkpoints", client)
     step = mirror.pull()
     where = f"resuming from step {step} ({job_url}/checkpoints)" if step is not None else "starting at step 0"

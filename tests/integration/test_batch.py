@@ -15,12 +15,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, REPO, _free_port, read_metrics, run_cli, torchrun_worker_pid
+from conftest import RECIPES, REPO, _free_port, cli_in_process, read_metrics, run_cli, torchrun_worker_pid
 
 pytestmark = pytest.mark.slow
 
 LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
-STEPS = 24
+STEPS = 16
 SMALL = ["--backend", "eager"] + [
     word
     for setting in (f"train.max_steps={STEPS}", "train.log_every=1", "checkpoint.every=4", "checkpoint.keep=2",
@@ -78,7 +78,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
 
 
-def test_submit_batch_then_two_nodes_train_fail_and_resume_from_s3(s3_bucket, tmp_path):
+def test_submit_batch_then_two_nodes_train_fail_and_resume_from_s3(s3_bucket, tmp_path, capsys):
     import boto3
     from safetensors.torch import load_file
 
@@ -91,30 +91,32 @@ def test_submit_batch_then_two_nodes_train_fail_and_resume_from_s3(s3_bucket, tm
            "--master-port", str(port), "--region", "us-east-1", "--job-name", "llama-1"]  # fmt: skip
 
     # -- submit: queue read, definition registered then reused, job submitted; the queue rules in one line
-    refused = run_cli("submit", "batch", *job, "--job-queue", "fair", env=env, timeout=120)
-    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+    code, _, err = cli_in_process(capsys, "submit", "batch", *job, "--job-queue", "fair")
+    assert code == 2 and err.strip().splitlines()[-1] == (
         "neurontrain: error: job queue fair has a fair-share scheduling policy: pass --share-identifier"
     )
     fair = [*job, "--job-queue", "fair", "--share-identifier", "search", "--priority", "7"]
-    first = run_cli("submit", "batch", *fair, env=env, timeout=120)
-    assert first.returncode == 0, first.stderr
-    again = run_cli("submit", "batch", *fair, env=env, timeout=120)
-    assert again.returncode == 0, again.stderr
-    one, two = json.loads(first.stdout), json.loads(again.stdout)
+    first = cli_in_process(capsys, "submit", "batch", *fair)
+    assert first[0] == 0, first[2]
+    again = cli_in_process(capsys, "submit", "batch", *fair)
+    assert again[0] == 0, again[2]
+    one, two = json.loads(first[1]), json.loads(again[1])
     assert not one["job_definition_reused"] and two["job_definition_reused"]
     assert one["job_definition"] == two["job_definition"] and one["job_id"] != two["job_id"]
     assert one["checkpoints"] == f"s3://{bucket}/jobs/{one['job_id']}/checkpoints" and "aws logs" in one["logs"]
     jobs = boto3.client("batch", region_name="us-east-1").describe_jobs(jobs=[one["job_id"]])["jobs"]
     assert jobs[0]["jobName"] == "llama-1" and jobs[0]["jobDefinition"] == one["job_definition"]
-    fifo = run_cli("submit", "batch", *job, "--job-queue", "fifo", "--share-identifier", "search", env=env)
-    assert fifo.returncode == 2 and "refuses --share-identifier" in fifo.stderr.strip().splitlines()[-1]
+    code, _, err = cli_in_process(capsys, "submit", "batch", *job, "--job-queue", "fifo", "--share-identifier", "x")
+    assert code == 2 and "refuses --share-identifier" in err.strip().splitlines()[-1]
 
     # -- the nodes' environment: the job definition's and the submission's, as Batch gives them
-    dry = run_cli("submit", "batch", *fair, "--dry-run", env=env, timeout=120)
-    requests = json.loads(dry.stdout)
+    code, out, err = cli_in_process(capsys, "submit", "batch", *fair, "--dry-run")
+    assert code == 0, err
+    requests = json.loads(out)
     container = requests["register_job_definition"]["nodeProperties"]["nodeRangeProperties"][0]["container"]
     overrides = requests["submit_job"]["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]
     node_env = {**env, **{e["name"]: e["value"] for e in container["environment"] + overrides["environment"]}}
+    node_env["NEURONTRAIN_CHECKPOINT_PUSH_INTERVAL"] = "0.5"
     recipe = tmp_path / "recipe.json"
     recipe_key = node_env["NEURONTRAIN_RECIPE_URL"].removeprefix(f"s3://{bucket}/")
     recipe.write_bytes(s3.get_object(Bucket=bucket, Key=recipe_key)["Body"].read())  # what submit shipped
@@ -164,8 +166,9 @@ def test_submit_batch_then_two_nodes_train_fail_and_resume_from_s3(s3_bucket, tm
     after = _losses(main_work / "run")
     assert sorted(after) == list(range(resumable + 1, STEPS + 1))
     assert after == {step: expected[step] for step in after}
-    model, reference = load_file(main_work / "run" / "model" / "model.safetensors"), load_file(
-        ref / "model" / "model.safetensors"
+    model, reference = (
+        load_file(main_work / "run" / "model" / "model.safetensors"),
+        load_file(ref / "model" / "model.safetensors"),
     )
     assert model.keys() == reference.keys() and all((model[k] == reference[k]).all() for k in model)
     published = {k["Key"] for k in s3.list_objects_v2(Bucket=bucket, Prefix="jobs/job-1/")["Contents"]}

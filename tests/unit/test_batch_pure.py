@@ -18,7 +18,7 @@ from neurontrain.launch.batch import (
     reusable_definition,
 )
 from neurontrain.launch.batch_checkpoints import remote_steps
-from neurontrain.launch.batch_entry import BatchNode, node_environment, run_argv
+from neurontrain.launch.batch_entry import BatchNode, init_from_url, node_environment, run_argv
 from neurontrain.launch.instances import ec2_instance
 
 LLAMA = str(RECIPES / "tiny-llama-clm.yaml")
@@ -148,7 +148,28 @@ def test_node_reads_batchs_variables():
     assert neuron["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:41000" and neuron["FI_EFA_USE_DEVICE_RDMA"] == "1"
 
 
+def test_the_mirror_reads_the_trainers_checkpoint_layout(tmp_path):
+    from neurontrain.launch import batch_checkpoints
+    from neurontrain.loop import checkpoints
+
+    assert batch_checkpoints.MARKER == checkpoints.MARKER
+    assert batch_checkpoints.checkpoint_name(20) == checkpoints.checkpoint_name(20)
+    for step, marked in ((4, True), (8, True), (12, False)):
+        path = tmp_path / checkpoints.checkpoint_name(step)
+        path.mkdir()
+        (path / checkpoints.STATE_FILE).write_bytes(b"x")
+        if marked:
+            (path / checkpoints.MARKER).write_text(f"{step}\n")
+    (tmp_path / ".step_00000016.partial").mkdir()
+    assert batch_checkpoints.complete_checkpoints(tmp_path) == checkpoints.complete_checkpoints(tmp_path)
+
+
 def test_only_checkpoints_with_their_marker_in_s3_count():
     keys = ["step_00000004/state.pt", "step_00000004/meta.json", "step_00000004/COMPLETE",
             "step_00000008/state.pt", "other/file"]  # fmt: skip
     assert remote_steps(keys) == {4: ["COMPLETE", "meta.json", "state.pt"]}
+
+
+def test_init_from_s3_is_found_among_the_run_arguments():
+    assert init_from_url(["--no-preflight", "--init-from", "s3://b/jobs/j0/model"]) == (2, "s3://b/jobs/j0/model")
+    assert init_from_url(["--init-from", "/fsx/model"]) is None and init_from_url(["--init-from"]) is None
