@@ -94,12 +94,14 @@ def run_batch(args: argparse.Namespace) -> int:
             "a retried attempt starts from step 0"
         )
     run_args = worker_argv(args, carried=BATCH_CARRIED)
-    ship = shipment(recipe.model_dump(mode="json"))
+    shipped = recipe.model_dump(mode="json")
+    ship = shipment(shipped)
     if args.dry_run:
         env = node_environment(job, ship, run_args)
         requests = {
             "register_job_definition": job_definition_request(job),
             "submit_job": submit_job_request(job, "<the job definition's ARN>", env),
+            "recipe": shipped,  # what NEURONTRAIN_RECIPE_URL will hold
         }
         print(json.dumps(requests, indent=2))
         return 0
