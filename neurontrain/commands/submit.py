@@ -21,6 +21,7 @@ from neurontrain.commands.arguments import (
     recipe_overrides,
     worker_argv,
 )
+from neurontrain.commands.submit_batch import add_batch_arguments, run_batch
 from neurontrain.errors import UsageError
 from neurontrain.fileio import write_file_atomic
 from neurontrain.launch import dlc
@@ -135,11 +136,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="submit_command", parser_class=type(parser))
     _add_slurm_arguments(sub.add_parser("slurm", help="write an sbatch script (and submit it with --submit)"))
     _add_sagemaker_arguments(sub.add_parser("sagemaker", help="create a SageMaker training job"))
+    add_batch_arguments(sub.add_parser("batch", help="submit an AWS Batch multi-node parallel job"))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.submit_command is None:
-        raise UsageError("submit needs a scheduler: slurm, sagemaker")
+        raise UsageError("submit needs a scheduler: slurm, sagemaker, batch")
+    if args.submit_command == "batch":
+        return run_batch(args)
     return _slurm(args) if args.submit_command == "slurm" else _sagemaker(args)
 
 

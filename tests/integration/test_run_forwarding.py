@@ -18,6 +18,9 @@ from conftest import RECIPES
 from neurontrain.cli import build_parser, main
 from neurontrain.commands.arguments import launcher_only_dests, worker_argv, worker_dests
 from neurontrain.commands.submit import SAGEMAKER_CARRIED
+from neurontrain.commands.submit_batch import BATCH_CARRIED
+from neurontrain.launch.batch_entry import BatchNode
+from neurontrain.launch.batch_entry import run_argv as batch_node_argv
 from neurontrain.launch.sagemaker_entry import main as sagemaker_entry
 from neurontrain.recipe import load_recipe
 
@@ -147,6 +150,26 @@ def _sagemaker_argv(capsys, tmp_path: Path, recipe: list[str], words: list[str])
     return seen[0][1:], base / "checkpoints" / "sagemaker-recipe.json"
 
 
+def _batch_argv(capsys, tmp_path: Path, recipe: list[str], words: list[str]) -> tuple[list[str], Path]:
+    """`submit batch --dry-run`, then the node entry's command line from the node overrides' run arguments and
+    the shipped recipe: (the argv after `run`, the node's recipe file)."""
+    common = ["--job-queue", "q", "--nodes", "1", "--instance-type", "trn1.2xlarge", "--region", "us-west-2"]
+    code = main(["submit", "batch", *recipe, *common, "--checkpoint-dir", "s3://my-bucket/jobs", "--dry-run", *words])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    requests = json.loads(captured.out)
+    overrides = requests["submit_job"]["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]
+    env = {e["name"]: e["value"] for e in overrides["environment"]}
+    recipe_file = tmp_path / "batch" / "recipe.json"
+    recipe_file.parent.mkdir(parents=True, exist_ok=True)
+    recipe_file.write_text(json.dumps(requests["recipe"]))
+    node = BatchNode(index=0, main_index=0, nodes=1, attempt=1, job_id="j", main_address=None)
+    argv = batch_node_argv(node, recipe_file, tmp_path / "batch" / "run", "10.0.0.1", 29500, 2,
+                           json.loads(env["NEURONTRAIN_RUN_ARGS"]))  # fmt: skip
+    assert argv[0] == "run"
+    return argv[1:], recipe_file
+
+
 def test_every_run_argument_is_a_worker_argument_or_launcher_only():
     workers, launcher = worker_dests(), launcher_only_dests()
     assert not workers & launcher
@@ -181,6 +204,17 @@ def test_run_argument_reaches_every_worker_or_none(dest, tmp_path, capsys):
     else:
         overrides = value if dest == "overrides" else []
         assert parsed.recipe == str(recipe_file) and parsed.overrides == []
+        assert load_recipe(recipe_file).model_dump() == load_recipe(LLAMA, overrides).model_dump()
+    # the AWS Batch node entry's command line; the recipe (with --set and --backend) travels shipped
+    node_argv, recipe_file = _batch_argv(capsys, tmp_path, recipe, [] if dest == "output_dir" else words)
+    parsed = RUN.parse_args(node_argv)
+    if dest not in BATCH_CARRIED:
+        assert getattr(parsed, dest) == value, node_argv
+    elif dest == "output_dir":
+        assert parsed.output_dir == str(tmp_path / "batch" / "run")  # the node's own, mirrored to S3
+    else:
+        overrides = value if dest == "overrides" else [f"runtime.backend={value}"] if dest == "backend" else []
+        assert parsed.recipe == str(recipe_file) and parsed.overrides == [] and parsed.backend is None
         assert load_recipe(recipe_file).model_dump() == load_recipe(LLAMA, overrides).model_dump()
 
 
