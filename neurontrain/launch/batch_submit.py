@@ -8,7 +8,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from neurontrain.errors import NeurontrainError, UsageError
 from neurontrain.launch.batch import (
     BatchJob,
     check_queue,
@@ -18,6 +17,7 @@ from neurontrain.launch.batch import (
     submit_job_request,
 )
 from neurontrain.launch.sagemaker import source_tarball
+from neurontrain.launch.submit import aws_refusals
 
 
 @dataclass(frozen=True)
@@ -105,17 +105,7 @@ def submit(job: BatchJob, ship: Shipment, run_args: list[str], region: str, clie
 def submit_with_aws(job: BatchJob, ship: Shipment, run_args: list[str], region: str) -> dict:
     """`submit` with boto3 clients of the region; AWS's refusals as one line."""
     import boto3  # lazy: the AWS SDK loads only when a job is really submitted (not for --dry-run)
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # lazy: as boto3
 
-    try:
+    with aws_refusals("AWS Batch/S3"):
         clients = (boto3.client("batch", region_name=region), boto3.client("s3", region_name=region))
         return submit(job, ship, run_args, region, clients)
-    except NoCredentialsError:
-        raise UsageError("no AWS credentials found (environment, ~/.aws or an instance role)") from None
-    except ClientError as exc:
-        err = exc.response.get("Error", {})
-        raise NeurontrainError(
-            f"AWS Batch/S3 refused the job: {err.get('Code', '?')}: {err.get('Message', '')}"
-        ) from None
-    except BotoCoreError as exc:
-        raise NeurontrainError(f"cannot reach AWS: {exc}") from None

@@ -8,9 +8,11 @@ Nothing here imports torch or torch-xla: the recipe checks are the recipe's and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from neurontrain.errors import NeurontrainError, UsageError
@@ -90,19 +92,26 @@ def aws_region(given: str | None) -> str:
     return region
 
 
-def create_training_job(job: SageMakerJob, region: str) -> dict:
-    """Upload the source and create the job; AWS's refusals as one line."""
-    import boto3  # lazy: the AWS SDK loads only when a job is really created (not for --dry-run)
+@contextlib.contextmanager
+def aws_refusals(service: str) -> Iterator[None]:
+    """AWS's refusals inside the block as one line: no credentials (exit 2), a service's refusal, an unreachable
+    endpoint (exit 1)."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # lazy: as boto3
 
     try:
-        return submit(job, boto3.client("sagemaker", region_name=region), boto3.client("s3", region_name=region))
+        yield
     except NoCredentialsError:
         raise UsageError("no AWS credentials found (environment, ~/.aws or an instance role)") from None
     except ClientError as exc:
         err = exc.response.get("Error", {})
-        raise NeurontrainError(
-            f"SageMaker/S3 refused the job: {err.get('Code', '?')}: {err.get('Message', '')}"
-        ) from None
+        raise NeurontrainError(f"{service} refused the job: {err.get('Code', '?')}: {err.get('Message', '')}") from None
     except BotoCoreError as exc:
         raise NeurontrainError(f"cannot reach AWS: {exc}") from None
+
+
+def create_training_job(job: SageMakerJob, region: str) -> dict:
+    """Upload the source and create the job; AWS's refusals as one line."""
+    import boto3  # lazy: the AWS SDK loads only when a job is really created (not for --dry-run)
+
+    with aws_refusals("SageMaker/S3"):
+        return submit(job, boto3.client("sagemaker", region_name=region), boto3.client("s3", region_name=region))
